@@ -1,0 +1,73 @@
+"""PPO Lab: Proximal Policy Optimization for language models, as a library and a textbook.
+
+The modules follow the book's chapters; every name exported here is explained in one of them:
+
+=====================  ==============================================  =========
+module                 what it holds                                   chapter
+=====================  ==============================================  =========
+`logprobs`             log-probabilities and entropy from logits       1
+`masked`               means, variances, whitening over real tokens    2
+`policy_gradient`      reward-to-go and the REINFORCE surrogate        2
+`importance`           importance weights, effective sample size       3
+`gae`                  generalized advantage estimation                4
+`value`                critic loss with value clipping                 4, 6
+`kl`                   KL estimators k1/k2/k3 and the exact KL         5
+`shaping`              per-token rewards: score plus KL penalty        5
+`kl_control`           fixed, adaptive and PPO-penalty KL controllers  5, 6
+`clipping`             the clipped surrogate objective                 6
+`aggregation`          loss aggregation modes                          10
+`estimators`           advantage-estimator registry (GAE, RLOO, ...)   4, 10
+=====================  ==============================================  =========
+"""
+
+from .aggregation import AGGREGATION_MODES, aggregate_loss
+from .clipping import clipped_policy_loss
+from .estimators import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    get_advantage_estimator,
+    register_advantage_estimator,
+)
+from .gae import compute_gae
+from .importance import effective_sample_size, importance_weights
+from .kl import KL_ESTIMATORS, full_kl, kl_penalty
+from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLController
+from .logprobs import entropy_from_logits, logprobs_from_logits
+from .masked import masked_mean, masked_var, masked_whiten, response_mask
+from .policy_gradient import discounted_returns, reinforce_loss
+from .shaping import last_real_index, shape_rewards
+from .value import clipped_value_loss, explained_variance
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATION_MODES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "KL_ESTIMATORS",
+    "PPOPenaltyKLController",
+    "__version__",
+    "aggregate_loss",
+    "clipped_policy_loss",
+    "clipped_value_loss",
+    "compute_advantages",
+    "compute_gae",
+    "discounted_returns",
+    "effective_sample_size",
+    "entropy_from_logits",
+    "explained_variance",
+    "full_kl",
+    "get_advantage_estimator",
+    "importance_weights",
+    "kl_penalty",
+    "last_real_index",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "register_advantage_estimator",
+    "reinforce_loss",
+    "response_mask",
+    "shape_rewards",
+]

@@ -1,0 +1,110 @@
+"""Argument checks shared by the math modules.
+
+Every public function in `ppo_lab` validates its inputs with these helpers, so a wrong shape, a
+mask that is not 0/1 or an out-of-range coefficient fails at the call that received it, with a
+`ValueError` that names the argument and says what was expected, instead of broadcasting
+silently into a wrong number three functions later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+
+def check_tensor(name: str, x, ndim: int | None = None) -> torch.Tensor:
+    """Return `x` if it is a tensor (of `ndim` dimensions when given), else raise."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(
+            f"`{name}` must have {ndim} dimension(s), got shape {tuple(x.shape)}"
+        )
+    return x
+
+
+def check_same_shape(**tensors: torch.Tensor) -> None:
+    """Raise unless every tensor given by keyword has the shape of the first one."""
+    items = list(tensors.items())
+    for name, value in items:
+        check_tensor(name, value)
+    first_name, first = items[0]
+    for name, value in items[1:]:
+        if value.shape != first.shape:
+            raise ValueError(
+                f"`{name}` has shape {tuple(value.shape)} but `{first_name}` has shape "
+                f"{tuple(first.shape)}; they must match"
+            )
+
+
+def check_mask(mask: torch.Tensor, like: torch.Tensor, like_name: str = "x") -> torch.Tensor:
+    """Check that `mask` has the shape of `like` and holds only 0 and 1; return it as `like`'s dtype.
+
+    A mask of 0.5 or 2 is almost always a bug upstream (a sum of masks, a probability passed by
+    mistake), so it is refused rather than used as a weight.
+    """
+    check_tensor("mask", mask)
+    if mask.shape != like.shape:
+        raise ValueError(
+            f"`mask` has shape {tuple(mask.shape)} but `{like_name}` has shape "
+            f"{tuple(like.shape)}; they must match"
+        )
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        bad = mask[(mask != 0) & (mask != 1)].flatten()[:3].tolist()
+        raise ValueError(
+            f"`mask` must contain only 0 and 1 (1 = real response token), found values like {bad}"
+        )
+    dtype = like.dtype if like.is_floating_point() else torch.float32
+    return mask.to(dtype)
+
+
+def check_nonempty_mask(mask: torch.Tensor, what: str, dim: int | None = None) -> None:
+    """Raise if `mask` has no 1 at all (dim=None) or a slice along `dim` with no 1."""
+    if dim is None:
+        if not bool(mask.any()):
+            raise ValueError(f"`mask` has no real tokens (all zeros); cannot take {what}")
+        return
+    counts = mask.sum(dim=dim)
+    if not bool((counts > 0).all()):
+        rows = torch.nonzero(counts == 0).flatten()[:5].tolist()
+        raise ValueError(
+            f"`mask` has no real tokens along dim={dim} at index(es) {rows}; cannot take {what}"
+        )
+
+
+def check_range(
+    name: str,
+    value: float,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """Check a scalar lies in [low, high] (or an open end where asked); return it as float."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"`{name}` must be a number, got {value!r}") from None
+    ok = v == v  # NaN fails every comparison below, but say so clearly
+    if low is not None:
+        ok = ok and (v > low if low_open else v >= low)
+    if high is not None:
+        ok = ok and (v < high if high_open else v <= high)
+    if not ok:
+        left = "(" if low_open else "["
+        right = ")" if high_open else "]"
+        lo = "-inf" if low is None else f"{low:g}"
+        hi = "inf" if high is None else f"{high:g}"
+        raise ValueError(f"`{name}` must be in {left}{lo}, {hi}{right}, got {value!r}")
+    return v
+
+
+def check_choice(name: str, value: str, choices: Iterable[str]) -> str:
+    """Raise unless `value` is one of `choices`; the message lists the valid ones."""
+    choices = list(choices)
+    if value not in choices:
+        raise ValueError(
+            f"unknown {name} {value!r}; valid values are: {', '.join(repr(c) for c in choices)}"
+        )
+    return value

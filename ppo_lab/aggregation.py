@@ -1,0 +1,67 @@
+"""How per-token losses become one number: loss aggregation modes.
+
+Chapter 10 (Beyond PPO) compares them. The choice changes how much each token and each sequence
+weighs in the gradient, and the big implementations differ:
+
+- "token-mean": every real token in the batch weighs the same (PPO as in TRL, verl's default,
+  DAPO). Long responses get more total weight than short ones.
+- "seq-mean-token-mean": average within each sequence, then over sequences (the original GRPO
+  paper). Every sequence weighs the same, so a token of a short response weighs more than a
+  token of a long one: the length bias Dr. GRPO points out.
+- "seq-mean-token-sum": sum within each sequence, then average over sequences. This is the
+  Monte Carlo estimate of the policy-gradient objective itself (chapter 2), unbiased but its
+  scale grows with response length.
+- "seq-mean-token-sum-norm": sum within each sequence divided by one fixed length L (the
+  generation budget), then average (Dr. GRPO, Liu et al. 2025): no per-sequence length
+  normaliser, and a constant scale.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_choice, check_mask, check_nonempty_mask, check_range, check_tensor
+
+AGGREGATION_MODES = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+
+def aggregate_loss(
+    loss: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token-mean",
+    norm_length: float | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token loss to a scalar over the real tokens.
+
+    Args:
+        loss: (B, T) per-token loss.
+        mask: (B, T) 1 on real response tokens.
+        mode: one of `AGGREGATION_MODES` (see the module docstring).
+        norm_length: the constant L of "seq-mean-token-sum-norm"; defaults to T.
+
+    Returns:
+        0-dim tensor. With n_b = sum_t mask[b, t] and s_b = sum_t mask[b, t] * loss[b, t]:
+        token-mean = sum_b s_b / sum_b n_b; seq-mean-token-sum = mean_b s_b;
+        seq-mean-token-mean = mean_b (s_b / n_b); seq-mean-token-sum-norm = mean_b s_b / L.
+    """
+    check_tensor("loss", loss, ndim=2)
+    m = check_mask(mask, loss, "loss")
+    check_choice("loss aggregation mode", mode, AGGREGATION_MODES)
+    per_token = torch.where(m.bool(), loss, torch.zeros_like(loss))
+    if mode == "token-mean":
+        check_nonempty_mask(m, "a token-mean")
+        return per_token.sum() / m.sum()
+    seq_sum = per_token.sum(dim=-1)  # (B,)
+    if mode == "seq-mean-token-sum":
+        return seq_sum.mean()
+    if mode == "seq-mean-token-mean":
+        check_nonempty_mask(m, "a per-sequence token mean", dim=-1)
+        return (seq_sum / m.sum(dim=-1)).mean()
+    length = loss.shape[-1] if norm_length is None else norm_length
+    length = check_range("norm_length", length, low=0.0, low_open=True)
+    return seq_sum.mean() / length

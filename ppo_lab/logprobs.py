@@ -1,0 +1,105 @@
+"""Log-probabilities and entropy of tokens under a language model's logits.
+
+Chapter 1 (RL for language models) introduces these: the policy is the model's next-token
+distribution, and everything PPO does is arithmetic on the log-probabilities of the tokens it
+sampled.
+
+Temperature. A response sampled at temperature tau was drawn from softmax(logits / tau), so that
+is the policy whose log-probabilities enter the ratio, the KL and the entropy. `ppo_lab` applies
+the same tau in sampling and in every log-prob forward (policy, old policy and reference), as TRL
+does; verl and OpenRLHF do the same. Scoring with tau = 1 after sampling at tau = 0.7 would make
+the "on-policy" ratio differ from 1 before any update.
+
+Memory. The logits of a batch are (B, T, V) with V in the tens of thousands; a full log-softmax
+copy of them is often the largest tensor of an update. These functions never keep one: for
+float32/float64 logits at tau = 1 they use gather - logsumexp, and otherwise they work one
+sequence at a time so that only one (T, V) temporary exists at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_range, check_tensor
+
+_FULL_PRECISION = (torch.float32, torch.float64)
+
+
+def _rows(logits: torch.Tensor, temperature: float):
+    """Yield each sequence's logits (T, V) in at least float32, divided by the temperature."""
+    for row in logits:
+        if row.dtype not in _FULL_PRECISION:
+            # bf16 has 8 bits of mantissa: its logsumexp is off by ~1e-2 nats, which is the
+            # size of a whole PPO step. Upcast one row at a time instead of the whole batch.
+            row = row.float()
+        yield row / temperature if temperature != 1.0 else row
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """Log-probability of each given token under softmax(logits / temperature).
+
+    Args:
+        logits: (B, T, V) next-token logits; `logits[b, t]` is the distribution of `tokens[b, t]`
+            (shift the model's output by one position before calling).
+        tokens: (B, T) integer token ids.
+        temperature: tau > 0, the same value that was used for sampling.
+
+    Returns:
+        (B, T) log-probabilities, float32 for half-precision logits (else the logits' dtype).
+
+    Naive equivalent::
+
+        torch.log_softmax(logits / temperature, -1).gather(-1, tokens[..., None]).squeeze(-1)
+
+    Example: logits [[[0., 0.]]] (two equally likely tokens), tokens [[1]] -> [[-0.6931]].
+    """
+    check_tensor("logits", logits, ndim=3)
+    check_tensor("tokens", tokens, ndim=2)
+    if logits.shape[:2] != tokens.shape:
+        raise ValueError(
+            f"`logits` has shape {tuple(logits.shape)} but `tokens` has shape "
+            f"{tuple(tokens.shape)}; expected logits (B, T, V) and tokens (B, T)"
+        )
+    if tokens.is_floating_point():
+        raise ValueError(f"`tokens` must hold integer ids, got dtype {tokens.dtype}")
+    temperature = check_range("temperature", temperature, low=0.0, low_open=True)
+
+    if logits.dtype in _FULL_PRECISION and temperature == 1.0:
+        # log p(x) = logit_x - logsumexp(logits): one (B, T) gather, no (B, T, V) copy kept.
+        picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        return picked - torch.logsumexp(logits, dim=-1)
+    out = []
+    for row, row_tokens in zip(_rows(logits, temperature), tokens):
+        picked = row.gather(-1, row_tokens.unsqueeze(-1)).squeeze(-1)  # (T,)
+        out.append(picked - torch.logsumexp(row, dim=-1))
+    return torch.stack(out)  # (B, T)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at every position.
+
+    Args:
+        logits: (B, T, V) next-token logits.
+        temperature: tau > 0.
+
+    Returns:
+        (B, T) entropies in nats, float32 for half-precision logits (else the logits' dtype).
+
+    Formula: H = logsumexp(z) - sum_v softmax(z)_v * z_v with z = logits / tau, which equals
+    -sum_v p_v log p_v without forming log p. Naive equivalent::
+
+        p = torch.softmax(logits / temperature, -1); -(p * p.log()).sum(-1)
+
+    Example: logits [[[0., 0., 0., 0.]]] -> [[log 4]] = [[1.3863]].
+    """
+    check_tensor("logits", logits, ndim=3)
+    temperature = check_range("temperature", temperature, low=0.0, low_open=True)
+    out = []
+    for row in _rows(logits, temperature):
+        probs = torch.softmax(row, dim=-1)  # (T, V)
+        # where() keeps a -inf logit (a token masked out by top-k) from giving 0 * -inf = nan
+        weighted = torch.where(probs > 0, probs * row, torch.zeros_like(row))
+        out.append(torch.logsumexp(row, dim=-1) - weighted.sum(dim=-1))
+    return torch.stack(out)  # (B, T)

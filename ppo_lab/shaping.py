@@ -1,0 +1,91 @@
+"""Per-token rewards for RLHF: the KL penalty at every token, the score at the last one.
+
+Chapter 5 (Reward shaping and the KL penalty) explains it. The reward model gives one scalar
+per response; PPO needs a reward per token. Following Ziegler et al. (2019) and Stiennon et al.
+(2020), each real response token t gets
+
+    r_t = -beta * KL_t                          (KL_t from `kl_penalty`)
+
+and the last real token additionally gets the sequence score (optionally clipped to
+[-score_clip, score_clip], as DeepSpeed-Chat does).
+
+Where the score sits, decided on purpose: on the LAST REAL TOKEN, the EOS token when the
+response has one, the last generated token when it ran out of budget. That is the token whose
+choice completed the response the reward model judged, it is the last position with a log-prob
+and a value, and it is where verl, OpenRLHF and AlpacaFarm put it. TRL's PPOTrainer (and
+DeepSpeed-Chat, via its `ends` index) put it one position past the last non-pad token, which
+lands on a padding position that TRL then keeps in the mask (trl issues #1893, #3750), so the
+score is credited to a token that was never generated; AlpacaFarm's own comment notes that its
+`(responses != pad_token_id).sum() - 1` lands one position early when pad == eos. Here the
+position comes from the mask alone (see `response_mask`, which finds the first EOS and never
+compares against the pad id), so pad == eos cannot shift it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_mask, check_nonempty_mask, check_range, check_same_shape, check_tensor
+from .kl import kl_penalty
+
+
+def last_real_index(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) index of the last position with mask 1 in each row of a (B, T) mask.
+
+    Raises ValueError if a row has no real token (there is nowhere to put its score).
+    """
+    check_tensor("mask", mask, ndim=2)
+    m = check_mask(mask, mask, "mask")
+    check_nonempty_mask(m, "the last real token", dim=-1)
+    positions = torch.arange(m.shape[1], device=m.device)
+    return torch.where(m.bool(), positions, -1).max(dim=-1).values
+
+
+def shape_rewards(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+    kind: str = "k1",
+    score_clip: float | None = None,
+) -> torch.Tensor:
+    """Per-token rewards: -kl_coef * KL at every real token, plus the score at the last one.
+
+    Args:
+        scores: (B,) one scalar per response from the reward model or function.
+        logprobs: (B, T) log-probs of the response tokens under the policy that sampled them.
+        ref_logprobs: (B, T) log-probs of the same tokens under the reference policy.
+        mask: (B, T) 1 on real response tokens (EOS included), 0 on padding.
+        kl_coef: beta >= 0.
+        kind: KL estimator, "k1" (the usual choice in the reward), "k2", "k3" or "abs".
+        score_clip: if given, scores are clipped to [-score_clip, score_clip] first.
+
+    Returns:
+        (B, T) rewards, zero on padding.
+
+    Example: scores [2.0], mask [[1, 1, 0]], logprobs - ref_logprobs = [[0.1, 0.3, 9.9]],
+    kl_coef 0.5 -> [[-0.05, 1.85, 0.0]].
+    """
+    check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs, mask=mask)
+    check_tensor("logprobs", logprobs, ndim=2)
+    check_tensor("scores", scores, ndim=1)
+    if scores.shape[0] != logprobs.shape[0]:
+        raise ValueError(
+            f"`scores` has {scores.shape[0]} entries but the batch has {logprobs.shape[0]} "
+            "responses; expected one score per response, shape (B,)"
+        )
+    if not bool(torch.isfinite(scores).all()):
+        rows = torch.nonzero(~torch.isfinite(scores)).flatten()[:5].tolist()
+        raise ValueError(f"`scores` contain nan or inf at response(s) {rows}")
+    m = check_mask(mask, logprobs, "logprobs")
+    kl_coef = check_range("kl_coef", kl_coef, low=0.0)
+    if score_clip is not None:
+        c = check_range("score_clip", score_clip, low=0.0, low_open=True)
+        scores = scores.clamp(-c, c)
+    last = last_real_index(m)  # (B,)
+    kl = kl_penalty(logprobs, ref_logprobs, kind)
+    rewards = torch.where(m.bool(), -kl_coef * kl, torch.zeros_like(kl))
+    rows = torch.arange(rewards.shape[0], device=rewards.device)
+    rewards[rows, last] += scores.to(rewards.dtype)
+    return rewards

@@ -1,0 +1,41 @@
+import os
+
+import pytest
+import torch
+
+# Nothing in the tests may reach a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One thread: steady timings on a 2-core machine, and no oversubscription if anything else runs.
+torch.set_num_threads(1)
+
+SEEDS = [0, 1, 2]
+SHAPES = [(1, 1), (3, 7), (8, 16)]
+DTYPES = [torch.float32, torch.float64]
+
+
+def random_mask(B, T, generator, holes=False):
+    """(B, T) 0/1 float mask with at least one real token per row.
+
+    holes=False: right-padded responses (a prefix of ones of random length 1..T).
+    holes=True: ones anywhere (for checking that masking is position-agnostic).
+    """
+    if holes:
+        mask = (torch.rand(B, T, generator=generator) < 0.6).double()
+        empty = mask.sum(-1) == 0
+        mask[empty, torch.randint(0, T, (int(empty.sum()),), generator=generator)] = 1.0
+        return mask
+    lengths = torch.randint(1, T + 1, (B,), generator=generator)
+    return (torch.arange(T)[None, :] < lengths[:, None]).double()
+
+
+def scribble(x, mask, generator, value=None):
+    """Copy of `x` with every masked-out position overwritten by junk (or `value`)."""
+    junk = torch.randn(x.shape, generator=generator, dtype=torch.float64).to(x.dtype) * 1e3
+    if value is not None:
+        junk = torch.full_like(x, value)
+    return torch.where(mask.bool(), x, junk)
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(1234)
