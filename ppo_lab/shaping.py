@@ -89,3 +89,41 @@ def shape_rewards(
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     rewards[rows, last] += scores.to(rewards.dtype)
     return rewards
+
+
+def adjust_scores(
+    scores: torch.Tensor,
+    has_eos: torch.Tensor | None = None,
+    missing_eos_penalty: float | None = None,
+    normalize: bool = False,
+    eps: float = 1e-8,
+) -> torch.Tensor:
+    """The score corrections applied before shaping, in this order.
+
+    Args:
+        scores: (B,) raw scores from the reward.
+        has_eos: (B,) bool, whether each response ended with a stop token (needed with a
+            penalty).
+        missing_eos_penalty: if given, subtracted from the score of every response that ran out
+            of tokens without stopping (TRL's `missing_eos_penalty`): a reward model judges
+            truncated text as if it were finished, and the policy learns to ramble otherwise.
+        normalize: rescale the batch to mean 0, std 1 (unbiased), which keeps the reward's
+            scale from setting the effective learning rate.
+
+    Returns:
+        (B,) adjusted scores (a new tensor).
+
+    Example: scores [1.0, 2.0], has_eos [True, False], penalty 1.0 -> [1.0, 1.0].
+    """
+    check_tensor("scores", scores, ndim=1)
+    out = scores.clone()
+    if missing_eos_penalty is not None:
+        penalty = check_range("missing_eos_penalty", missing_eos_penalty, low=0.0)
+        if has_eos is None or has_eos.shape != scores.shape:
+            raise ValueError("`has_eos` must be a (B,) bool tensor when a missing_eos_penalty is given")
+        out = torch.where(has_eos.bool(), out, out - penalty)
+    if normalize:
+        if out.numel() < 2:
+            raise ValueError("normalizing scores needs at least 2 responses in the batch")
+        out = (out - out.mean()) / (out.std() + eps)
+    return out

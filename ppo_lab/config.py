@@ -1,0 +1,268 @@
+"""`PPOConfig`: the one typed configuration of the trainer, its YAML files and its command line.
+
+Chapter 7 (The PPO trainer end to end) walks through it. Each field carries its help text once,
+in `field(metadata={"help": ...})`; the command line (`ppo-lab train --help`) and the error
+messages are generated from it. The config is validated when it is constructed, so a bad value
+fails before any model is loaded, with a message that names the field, the value and what is
+allowed.
+
+Batch sizes, in one place. One PPO iteration samples `rollout_batch_size` responses (that is,
+`rollout_batch_size / responses_per_prompt` prompts), then makes `ppo_epochs` passes over them
+in shuffled minibatches of `minibatch_size` responses; each minibatch is one optimizer step,
+split into `gradient_accumulation_steps` micro-batches for memory. All three sizes are global
+(summed over processes when several run under `accelerate launch`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .aggregation import AGGREGATION_MODES
+from .kl import KL_ESTIMATORS
+
+
+def _f(default, help: str, choices=None):
+    meta = {"help": help}
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class PPOConfig:
+    # --- models --------------------------------------------------------------------------
+    policy_model: str = _f("builtin:tiny", "Policy to train: a hub name, a local folder, or builtin:tiny (the offline default).")
+    tokenizer: str | None = _f(None, "Tokenizer to use; defaults to the policy's.")
+    critic: str = _f("separate", "Critic design: a separate model with a scalar head, a value head on the policy's backbone, or none (for critic-free estimators such as grpo and rloo).", ("separate", "shared", "none"))
+    critic_model: str | None = _f(None, "Initialise the separate critic from this model (hub name or folder, e.g. the reward model); default: the policy.")
+    reward: str | None = _f(None, "Reward: a sequence-classification model (hub name or folder), or module:function for a Python callable; default: the task's gold reward.")
+    reward_label_index: int = _f(-1, "For a classification reward model with several labels, the logit used as the score.")
+    trust_remote_code: bool = _f(False, "Allow model code from the hub to run (off unless you trust the source).")
+    # --- task ----------------------------------------------------------------------------
+    task: str = _f("sentiment", "Built-in task providing prompts and the gold reward.", ("sentiment", "arithmetic"))
+    # --- generation ----------------------------------------------------------------------
+    max_new_tokens: int = _f(12, "Most tokens generated per response.")
+    temperature: float = _f(1.0, "Sampling temperature; the same value is used in every log-prob forward.")
+    top_k: int = _f(0, "Sample from the k most likely tokens only (0 = off). Makes the PPO ratio approximate.")
+    top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off). Makes the PPO ratio approximate.")
+    stop_token: str | None = _f(None, "An extra token that ends a response, besides EOS.")
+    # --- batches -------------------------------------------------------------------------
+    rollout_batch_size: int = _f(64, "Responses sampled per PPO iteration (global).")
+    responses_per_prompt: int = _f(1, "Responses sampled for each prompt (>1 for rloo/grpo).")
+    minibatch_size: int = _f(16, "Responses per optimizer step (global); must divide rollout_batch_size.")
+    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch; must divide minibatch_size.")
+    ppo_epochs: int = _f(4, "Passes over each rollout batch.")
+    total_iterations: int = _f(60, "PPO iterations (rollout + update) to run.")
+    # --- optimisation --------------------------------------------------------------------
+    learning_rate: float = _f(5e-4, "AdamW learning rate (policy and critic); the default suits the tiny offline model, hub models want 1e-6 to 1e-5.")
+    lr_schedule: str = _f("constant", "Learning-rate schedule after warmup.", ("constant", "linear", "cosine"))
+    warmup_steps: int = _f(0, "Optimizer steps of linear warmup.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    max_grad_norm: float | None = _f(1.0, "Clip the gradient norm to this value (None = no clipping).")
+    # --- PPO losses ----------------------------------------------------------------------
+    clip_eps: float = _f(0.2, "Policy ratio clip range epsilon.")
+    clip_eps_high: float | None = _f(None, "Upper ratio clip range (None = clip_eps).")
+    dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages (None = off).")
+    value_clip: float | None = _f(0.2, "Value clip range around the rollout values (None = off).")
+    vf_coef: float = _f(0.5, "Weight of the value loss.")
+    entropy_coef: float = _f(0.0, "Weight of the entropy bonus.")
+    loss_agg: str = _f("token-mean", "How per-token losses are aggregated.", AGGREGATION_MODES)
+    # --- advantages ----------------------------------------------------------------------
+    advantage_estimator: str = _f("gae", "Advantage estimator from the registry (gae, reinforce, rloo, grpo, ...).")
+    gamma: float = _f(1.0, "Discount factor.")
+    lam: float = _f(0.95, "GAE lambda.")
+    whiten_advantages: bool = _f(True, "Normalise advantages to mean 0, std 1 over the real tokens of the batch.")
+    # --- reward shaping and KL -----------------------------------------------------------
+    kl_coef: float = _f(0.2, "Initial KL coefficient beta (per-token penalty weight).")
+    kl_estimator: str = _f("k1", "Per-token KL estimator.", KL_ESTIMATORS)
+    kl_in: str = _f("reward", "Put the KL penalty in the per-token reward, or add it to the loss.", ("reward", "loss"))
+    kl_control: str = _f("fixed", "Keep beta fixed, or adapt it toward kl_target.", ("fixed", "adaptive"))
+    kl_target: float = _f(6.0, "Target KL per response (adaptive control).")
+    kl_horizon: float = _f(10000.0, "Horizon of the adaptive controller, in responses.")
+    score_clip: float | None = _f(None, "Clip scores to [-score_clip, score_clip] (None = off).")
+    score_norm: bool = _f(False, "Normalise scores to mean 0, std 1 over each rollout batch.")
+    missing_eos_penalty: float | None = _f(None, "Subtract this from the score of a response with no EOS (None = off).")
+    # --- run -----------------------------------------------------------------------------
+    seed: int = _f(0, "Random seed.")
+    precision: str = _f("fp32", "Mixed precision (bf16/fp16 on GPU; master weights and loss math stay fp32).", ("fp32", "bf16", "fp16"))
+    output_dir: str = _f("runs/ppo", "Where metrics.jsonl, samples.jsonl and the final model are written.")
+    log_interval: int = _f(1, "Write metrics every this many iterations.")
+    eval_interval: int = _f(20, "Score the eval prompts and write samples every this many iterations (0 = off).")
+    eval_prompts: int = _f(16, "How many eval prompts to sample at each evaluation.")
+    save_interval: int = _f(0, "Save the policy every this many iterations (0 = only at the end).")
+    report_to: str | None = _f(None, "Also log to these trackers through accelerate (tensorboard, wandb, trackio; comma-separated).")
+    progress_bar: bool = _f(True, "Show a progress bar with reward and KL.")
+
+    def __post_init__(self):
+        self._coerce_types()
+        self.validate()
+
+    # ----------------------------------------------------------------------------------
+    def _coerce_types(self) -> None:
+        """YAML and the command line give strings and ints; check and convert them."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            setattr(self, f.name, _convert(f.name, value, hints[f.name]))
+
+    def validate(self) -> None:
+        """Check every value and every relation between values; ValueError names the field."""
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices is not None and value not in choices:
+                raise ValueError(f"PPOConfig.{f.name} = {value!r} is not allowed; valid values are: {', '.join(map(repr, choices))}")
+        positive_ints = ["max_new_tokens", "rollout_batch_size", "responses_per_prompt", "minibatch_size", "gradient_accumulation_steps", "ppo_epochs", "total_iterations", "log_interval", "eval_prompts"]
+        for name in positive_ints:
+            if getattr(self, name) < 1:
+                raise ValueError(f"PPOConfig.{name} = {getattr(self, name)!r} must be an integer >= 1")
+        for name in ["warmup_steps", "eval_interval", "save_interval", "top_k"]:
+            if getattr(self, name) < 0:
+                raise ValueError(f"PPOConfig.{name} = {getattr(self, name)!r} must be an integer >= 0")
+        _in_range(self, "temperature", 0.0, None, low_open=True)
+        _in_range(self, "top_p", 0.0, 1.0, low_open=True)
+        _in_range(self, "learning_rate", 0.0, None, low_open=True)
+        _in_range(self, "weight_decay", 0.0, None)
+        _in_range(self, "clip_eps", 0.0, None, low_open=True)
+        _in_range(self, "vf_coef", 0.0, None)
+        _in_range(self, "entropy_coef", 0.0, None)
+        _in_range(self, "gamma", 0.0, 1.0)
+        _in_range(self, "lam", 0.0, 1.0)
+        _in_range(self, "kl_coef", 0.0, None)
+        _in_range(self, "kl_target", 0.0, None, low_open=True)
+        _in_range(self, "kl_horizon", 0.0, None, low_open=True)
+        for name in ["clip_eps_high", "max_grad_norm", "score_clip"]:
+            if getattr(self, name) is not None:
+                _in_range(self, name, 0.0, None, low_open=True)
+        if self.value_clip is not None:
+            _in_range(self, "value_clip", 0.0, None)
+        if self.missing_eos_penalty is not None:
+            _in_range(self, "missing_eos_penalty", 0.0, None)
+        if self.dual_clip is not None:
+            _in_range(self, "dual_clip", 1.0, None, low_open=True)
+        from .estimators import ADVANTAGE_ESTIMATORS
+
+        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+            valid = ", ".join(map(repr, sorted(ADVANTAGE_ESTIMATORS)))
+            raise ValueError(f"PPOConfig.advantage_estimator = {self.advantage_estimator!r} is not allowed; valid values are: {valid}")
+        if self.advantage_estimator == "gae" and self.critic == "none":
+            raise ValueError("PPOConfig.critic = 'none' cannot be used with advantage_estimator = 'gae', which needs values; use 'separate' or 'shared', or a critic-free estimator (reinforce, rloo, grpo)")
+        if self.advantage_estimator in ("rloo", "grpo") and self.responses_per_prompt < 2:
+            raise ValueError(f"PPOConfig.advantage_estimator = {self.advantage_estimator!r} compares responses to the same prompt: set responses_per_prompt >= 2 (got {self.responses_per_prompt})")
+        self.check_divisibility(processes=1)
+
+    def check_divisibility(self, processes: int) -> None:
+        """Batch sizes must split evenly into minibatches, micro-batches and processes."""
+        pairs = [
+            ("rollout_batch_size", self.rollout_batch_size, "responses_per_prompt", self.responses_per_prompt),
+            ("rollout_batch_size", self.rollout_batch_size, "minibatch_size", self.minibatch_size),
+            ("minibatch_size", self.minibatch_size, "gradient_accumulation_steps", self.gradient_accumulation_steps),
+        ]
+        if processes > 1:
+            pairs.append(("minibatch_size", self.minibatch_size, "the number of processes", processes))
+            pairs.append(("minibatch_size // gradient_accumulation_steps", self.minibatch_size // self.gradient_accumulation_steps, "the number of processes", processes))
+        for a, av, b, bv in pairs:
+            if av % bv:
+                raise ValueError(f"PPOConfig: {a} = {av} is not divisible by {b} = {bv}")
+
+    # ----------------------------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides) -> PPOConfig:
+        """Read a YAML mapping of field names to values; keyword overrides win."""
+        path = Path(path)
+        if not path.exists():
+            raise ValueError(f"config file {str(path)!r} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"config file {str(path)!r} must hold a mapping of field: value, got {type(data).__name__}")
+        data.update(overrides)
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PPOConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            import difflib
+
+            hints = [f"{u!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, names, 1)) else repr(u) for u in unknown]
+            raise ValueError(f"unknown PPOConfig field(s): {', '.join(hints)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One --flag per field, with its help text; every default is None (= not given)."""
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind = _base_type(hints[f.name])
+            meta = f" (default: {f.default!r})"
+            kwargs = {"default": None, "help": f.metadata["help"] + meta, "metavar": kind.__name__.upper()}
+            if "choices" in f.metadata:
+                kwargs["choices"] = f.metadata["choices"]
+                kwargs.pop("metavar")
+            parser.add_argument(f"--{f.name}", f"--{f.name.replace('_', '-')}", dest=f.name, type=str, **kwargs)
+
+    @classmethod
+    def from_args(cls, config_path: str | None, args: argparse.Namespace) -> PPOConfig:
+        overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name, None) is not None}
+        if config_path:
+            return cls.from_yaml(config_path, **overrides)
+        return cls.from_dict(overrides)
+
+
+def _base_type(hint):
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def _convert(name: str, value, hint):
+    optional = type(None) in typing.get_args(hint) or (isinstance(hint, types.UnionType) and type(None) in hint.__args__)
+    kind = _base_type(hint)
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null", "")):
+        if optional:
+            return None
+        raise ValueError(f"PPOConfig.{name} must not be None (expected {kind.__name__})")
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+                return value.lower() in ("true", "yes", "1", "on")
+            raise ValueError
+        if kind is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind is str:
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+    except (TypeError, ValueError):
+        raise ValueError(f"PPOConfig.{name} = {value!r} is not a valid {kind.__name__}") from None
+    return value
+
+
+def _in_range(cfg, name, low, high, low_open=False):
+    v = getattr(cfg, name)
+    ok = v == v and (v > low if low_open else v >= low) and (high is None or v <= high)
+    if not ok:
+        lo = "(" if low_open else "["
+        hi = "inf)" if high is None else f"{high:g}]"
+        raise ValueError(f"PPOConfig.{name} = {v!r} must be in {lo}{low:g}, {hi}")

@@ -1,0 +1,185 @@
+"""The four roles of PPO for language models: policy, reference, critic and reward.
+
+Chapter 1 (RL for language models) introduces the roles; chapter 7 (The PPO trainer end to
+end) loads them. The policy is any `AutoModelForCausalLM` (a hub name or a local folder); the
+reference is a frozen copy of the initial policy; the critic is either a separate model with a
+scalar head (initialised from the policy or from a reward model) or a value head on the
+policy's own backbone, so that one forward gives both logits and values. The reward is a
+callable (see `ppo_lab.rewards`).
+
+Positions. Sequences are the left-padded prompt followed by the response. The logits at
+position i predict token i + 1, so the log-prob of response token t comes from the position just
+before it, and so does its value: V(s_t) is read from the hidden state of the last token of
+s_t, the state in which token t was chosen (as in TRL and OpenRLHF).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence transformers' loading progress bars and notices (they would flood notebooks)."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        logging.enable_progress_bar()
+
+
+def resolve_model_path(name: str) -> str:
+    """`builtin:tiny` -> the folder of the offline model (built on first use); else `name`."""
+    from .tiny import TINY_MODEL, tiny_model_path
+
+    if name == TINY_MODEL:
+        return str(tiny_model_path())
+    return name
+
+
+def _load(loader, name: str, role: str, **kwargs):
+    path = resolve_model_path(name)
+    try:
+        with _quiet_transformers():
+            return loader.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, EnvironmentError) as err:
+        where = "a local folder" if Path(path).exists() else "not a local folder"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"could not load the {role} from {name!r} ({where}; hub downloads are "
+            f"{'off' if _offline() else 'on'}): {first}"
+        ) from err
+
+
+def _offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def load_tokenizer(name: str, trust_remote_code: bool = False):
+    """Load a tokenizer for left-padded batched generation.
+
+    A tokenizer without a pad token (GPT-2, Llama) gets pad = eos. That is safe here because
+    response masks come from the first EOS (`ppo_lab.response_mask`), never from comparing
+    tokens with the pad id, and prompts carry their own attention mask.
+    """
+    from transformers import AutoTokenizer
+
+    tok = _load(AutoTokenizer, name, "tokenizer", trust_remote_code=trust_remote_code)
+    if tok.eos_token_id is None:
+        raise ValueError(f"the tokenizer of {name!r} has no EOS token; PPO needs one to end responses (set tokenizer.eos_token)")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def disable_dropout(model: nn.Module) -> nn.Module:
+    """Set every dropout probability to 0.
+
+    With dropout on, the log-probs of the rollout and of the first update step differ, so the
+    ratio is not 1 on-policy and the clip fraction measures noise. TRL and verl disable it too.
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def load_policy(name: str, trust_remote_code: bool = False) -> nn.Module:
+    """Any `AutoModelForCausalLM` from a hub name, a local folder, or `builtin:tiny`."""
+    from transformers import AutoModelForCausalLM
+
+    model = _load(AutoModelForCausalLM, name, "policy model", trust_remote_code=trust_remote_code)
+    return disable_dropout(model)
+
+
+def make_reference(policy: nn.Module) -> nn.Module:
+    """A frozen copy of the policy as it is now (call before training starts)."""
+    ref = copy.deepcopy(policy)
+    ref.eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+def context_length(model: nn.Module) -> int | None:
+    """The most positions the model accepts, when its config says."""
+    cfg = model.config
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _hidden_size(config) -> int:
+    for attr in ("hidden_size", "n_embd", "d_model", "dim"):
+        if isinstance(getattr(config, attr, None), int):
+            return getattr(config, attr)
+    raise ValueError(f"cannot find the hidden size of {type(config).__name__}")
+
+
+def new_value_head(hidden: int) -> nn.Linear:
+    """A scalar head starting at V = 0 everywhere (the weights learn fast; zero avoids a
+    large random initial value error that would dominate the first updates)."""
+    head = nn.Linear(hidden, 1)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
+
+
+class PolicyWithValueHead(nn.Module):
+    """A causal LM plus a scalar head on its last hidden state: one forward, logits and values."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+        self.v_head = new_value_head(_hidden_size(lm.config))
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=True)
+        values = self.v_head(out.hidden_states[-1].to(self.v_head.weight.dtype)).squeeze(-1)  # (B, L)
+        return out.logits, values
+
+
+class Critic(nn.Module):
+    """A transformer backbone with a scalar head: V(s) for every position."""
+
+    def __init__(self, backbone: nn.Module, head: nn.Linear):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)  # (B, L)
+
+
+def load_critic(name: str, trust_remote_code: bool = False) -> Critic:
+    """A separate critic from a causal LM (new head) or a 1-label sequence classifier (its head).
+
+    Initialising from the reward model, as TRL and DeepSpeed-Chat do, starts the critic with a
+    backbone that already tells good responses from bad ones.
+    """
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+
+    config = _load(AutoConfig, name, "critic config", trust_remote_code=trust_remote_code)
+    archs = getattr(config, "architectures", None) or []
+    if any(a.endswith("ForSequenceClassification") for a in archs) and config.num_labels == 1:
+        clf = _load(AutoModelForSequenceClassification, name, "critic model", trust_remote_code=trust_remote_code)
+        head = getattr(clf, "score", None) or getattr(clf, "classifier", None)
+        if isinstance(head, nn.Linear) and head.out_features == 1:
+            return Critic(disable_dropout(clf.base_model), head)
+    backbone = _load(AutoModel, name, "critic model", trust_remote_code=trust_remote_code)
+    return Critic(disable_dropout(backbone), new_value_head(_hidden_size(backbone.config)))
