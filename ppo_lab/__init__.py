@@ -17,7 +17,17 @@ module                 what it holds                                   chapter
 `clipping`             the clipped surrogate objective                 6
 `aggregation`          loss aggregation modes                          10
 `estimators`           advantage-estimator registry (GAE, RLOO, ...)   4, 10
+`tasks`, `tiny`        offline tasks and the built-in tiny model       1, 7
+`models`, `rewards`    the four roles: policy, reference, critic,      1, 7
+                       reward
+`rollout`, `trainer`   sampling and the PPO loop                       7
+`config`               `PPOConfig`, YAML and command line              7
+`plotting`             the training dashboard                          7
+`reward_model`         Bradley-Terry reward models                     8
 =====================  ==============================================  =========
+
+The math is imported eagerly (it needs only torch); the trainer, which imports transformers and
+accelerate, is imported on first use of its names (`ppo_lab.PPOTrainer`, ...).
 """
 
 from .aggregation import AGGREGATION_MODES, aggregate_loss
@@ -35,12 +45,37 @@ from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLCon
 from .logprobs import entropy_from_logits, logprobs_from_logits
 from .masked import masked_mean, masked_var, masked_whiten, response_mask
 from .policy_gradient import discounted_returns, reinforce_loss
-from .shaping import last_real_index, shape_rewards
+from .shaping import adjust_scores, last_real_index, shape_rewards
 from .value import clipped_value_loss, explained_variance
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "PPOConfig": "config",
+    "PPOTrainer": "trainer",
+    "Rollout": "rollout",
+    "plot_dashboard": "plotting",
+    "load_metrics": "plotting",
+    "bradley_terry_loss": "reward_model",
+    "preference_pairs": "reward_model",
+    "train_reward_model": "reward_model",
+    "SequenceClassifierReward": "rewards",
+    "get_task": "tasks",
+    "tiny_model_path": "tiny",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ppo_lab' has no attribute {name!r}")
+
 __all__ = [
+    *_LAZY,
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATION_MODES",
     "AdaptiveKLController",
@@ -48,6 +83,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "PPOPenaltyKLController",
     "__version__",
+    "adjust_scores",
     "aggregate_loss",
     "clipped_policy_loss",
     "clipped_value_loss",

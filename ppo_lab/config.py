@@ -175,10 +175,15 @@ class PPOConfig:
     # ----------------------------------------------------------------------------------
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides) -> PPOConfig:
-        """Read a YAML mapping of field names to values; keyword overrides win."""
+        """Read a YAML mapping of field names to values; keyword overrides win.
+
+        `path` may also name a preset shipped with the package (see `presets()`).
+        """
         path = Path(path)
+        if not path.exists() and (PRESETS / f"{path}.yaml").exists():
+            path = PRESETS / f"{path}.yaml"
         if not path.exists():
-            raise ValueError(f"config file {str(path)!r} does not exist")
+            raise ValueError(f"config file {str(path)!r} does not exist (presets: {', '.join(presets())})")
         data = yaml.safe_load(path.read_text()) or {}
         if not isinstance(data, dict):
             raise ValueError(f"config file {str(path)!r} must hold a mapping of field: value, got {type(data).__name__}")
@@ -221,6 +226,14 @@ class PPOConfig:
         if config_path:
             return cls.from_yaml(config_path, **overrides)
         return cls.from_dict(overrides)
+
+
+PRESETS = Path(__file__).parent / "presets"
+
+
+def presets() -> list[str]:
+    """Names of the preset configs shipped with the package (`ppo-lab train NAME`)."""
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
 
 
 def _base_type(hint):

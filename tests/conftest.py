@@ -39,3 +39,37 @@ def scribble(x, mask, generator, value=None):
 @pytest.fixture
 def gen():
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(scope="session")
+def tiny_path():
+    """The built-in tiny model's folder (built once, then cached like in the book)."""
+    from ppo_lab.tiny import tiny_model_path
+
+    return tiny_model_path()
+
+
+def small_config(tmp_path, **overrides):
+    """A PPOConfig small enough for a test to run a few iterations in seconds."""
+    from ppo_lab.config import PPOConfig
+
+    values = dict(
+        rollout_batch_size=16,
+        minibatch_size=8,
+        ppo_epochs=2,
+        max_new_tokens=8,
+        total_iterations=2,
+        eval_interval=0,
+        progress_bar=False,
+        output_dir=str(tmp_path / "run"),
+    )
+    values.update(overrides)
+    return PPOConfig(**values)
+
+
+VOLATILE = ("time/", "perf/")
+
+
+def stable(metrics):
+    """Metrics without wall-clock timings and memory readings (which differ run to run)."""
+    return {k: v for k, v in metrics.items() if not k.startswith(VOLATILE)}

@@ -1,0 +1,123 @@
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import small_config, stable
+from ppo_lab.trainer import PPOTrainer
+
+REQUIRED_METRICS = [
+    "reward/score_mean", "reward/score_std", "objective/kl", "objective/entropy", "objective/non_score_reward",
+    "policy/clipfrac", "policy/approx_kl", "loss/policy", "loss/value", "value/explained_variance",
+    "value/clipfrac", "response/length_mean", "kl/coef", "time/rollout", "time/update",
+    "perf/tokens_per_s", "perf/peak_memory_mb", "lr",
+]  # fmt: skip
+
+
+def test_same_seed_same_metrics(tiny_path, tmp_path):
+    """Same seed, same machine: every metric but the timings is identical."""
+    runs = []
+    for name in ("a", "b"):
+        trainer = PPOTrainer(small_config(tmp_path / name))
+        runs.append([stable(m) for m in trainer.train()])
+    assert runs[0] == runs[1]
+    other = PPOTrainer(small_config(tmp_path / "c", seed=1)).train()
+    assert [stable(m) for m in other] != runs[0]
+
+
+def test_metrics_file_has_every_required_name(tiny_path, tmp_path):
+    cfg = small_config(tmp_path, eval_interval=1, eval_prompts=4)
+    PPOTrainer(cfg).train()
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert len(rows) == 2 and [r["iteration"] for r in rows] == [1, 2]
+    for name in REQUIRED_METRICS + ["eval/score_mean"]:
+        assert name in rows[0], name
+        assert rows[0][name] is None or math.isfinite(rows[0][name])
+    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
+    assert len(samples) == 8 and {"iteration", "prompt", "response", "score"} <= set(samples[0])
+    assert (tmp_path / "run" / "config.yaml").exists()
+    assert (tmp_path / "run" / "policy" / "model.safetensors").exists()
+
+
+def test_the_first_update_step_is_on_policy(tiny_path, tmp_path):
+    """Before any optimizer step, the policy's log-probs equal the rollout's: ratio 1 exactly."""
+    trainer = PPOTrainer(small_config(tmp_path))
+    ro = trainer.rollout(trainer.next_prompts())
+    _, advantages, returns = trainer.advantages(ro)
+    with torch.no_grad():
+        _, metrics = trainer._loss(ro, torch.arange(8), advantages, returns)
+    assert metrics["policy/approx_kl"].item() == 0.0
+    assert metrics["policy/clipfrac"].item() == 0.0
+    assert metrics["policy/ratio_min"].item() == metrics["policy/ratio_max"].item() == 1.0
+
+
+def test_training_changes_the_policy_not_the_reference(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1))
+    before = {k: v.clone() for k, v in trainer._lm.state_dict().items()}
+    ref_before = {k: v.clone() for k, v in trainer.reference.state_dict().items()}
+    trainer.train()
+    after = trainer._lm.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.equal(ref_before[k], v) for k, v in trainer.reference.state_dict().items())
+
+
+def test_default_task_score_rises_with_bounded_kl(tiny_path, tmp_path):
+    """The default sentiment run: the VADER score climbs well above its start, the KL stays small."""
+    from ppo_lab.config import PPOConfig
+
+    cfg = PPOConfig(total_iterations=25, eval_interval=0, progress_bar=False, output_dir=str(tmp_path / "run"))
+    history = PPOTrainer(cfg).train()
+    start = sum(m["reward/score_mean"] for m in history[:3]) / 3
+    end = sum(m["reward/score_mean"] for m in history[-5:]) / 5
+    assert end > start + 0.3, (start, end)
+    assert max(m["objective/kl"] for m in history[-5:]) < 10.0
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(critic="shared"),
+        dict(critic="none", advantage_estimator="grpo", responses_per_prompt=4, kl_in="loss", kl_estimator="k3"),
+        dict(critic="none", advantage_estimator="rloo", responses_per_prompt=2),
+        dict(critic="separate", advantage_estimator="reinforce", gradient_accumulation_steps=2, entropy_coef=0.01),
+        dict(kl_control="adaptive", kl_target=1.0, kl_horizon=100, score_clip=0.5, score_norm=True, missing_eos_penalty=1.0),
+        dict(dual_clip=3.0, clip_eps_high=0.28, value_clip=None, loss_agg="seq-mean-token-mean", lr_schedule="cosine", warmup_steps=1),
+        dict(stop_token=".", top_k=20, top_p=0.9, temperature=0.7, max_grad_norm=None, whiten_advantages=False),
+    ],
+)
+def test_configurations_run(tiny_path, tmp_path, overrides):
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, **overrides))
+    (metrics,) = trainer.train()
+    assert math.isfinite(metrics["loss/policy"])
+    if overrides.get("critic") == "none":
+        assert "loss/value" not in metrics
+    else:
+        assert math.isfinite(metrics["loss/value"])
+    if overrides.get("kl_control") == "adaptive":
+        assert trainer.kl_ctl.value != 0.2
+
+
+def test_stop_token_cuts_responses(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, stop_token=".", max_new_tokens=12))
+    ro = trainer.rollout(trainer.next_prompts())
+    dot = trainer.tokenizer.convert_tokens_to_ids(".")
+    for ids, mask in zip(ro.response_ids, ro.mask):
+        real = ids[mask.bool()].tolist()
+        stops = [i for i, t in enumerate(real) if t in (dot, trainer.tokenizer.eos_token_id)]
+        assert stops == [] or stops == [len(real) - 1]  # a stop token only at the very end
+
+
+def test_adaptive_kl_moves_toward_its_target(tiny_path, tmp_path):
+    """KL far below target -> beta shrinks; the controller sees one update per iteration."""
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, kl_control="adaptive", kl_target=100.0, kl_horizon=50))
+    history = trainer.train()
+    assert history[1]["kl/coef"] < history[0]["kl/coef"]
+
+
+def test_evaluation_does_not_disturb_training(tiny_path, tmp_path):
+    a = PPOTrainer(small_config(tmp_path / "a"))
+    a.evaluate(4)
+    with_eval = [stable(m) for m in a.train()]
+    without = [stable(m) for m in PPOTrainer(small_config(tmp_path / "b")).train()]
+    assert with_eval == without
