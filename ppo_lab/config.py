@@ -93,6 +93,7 @@ class PPOConfig:
     seed: int = _f(0, "Random seed.")
     precision: str = _f("fp32", "Mixed precision (bf16/fp16 on GPU; master weights and loss math stay fp32).", ("fp32", "bf16", "fp16"))
     output_dir: str = _f("runs/ppo", "Where metrics.jsonl, samples.jsonl and the final model are written.")
+    overwrite_output_dir: bool = _f(False, "Start over in an output_dir that already holds a run (its metrics and samples are replaced).")
     log_interval: int = _f(1, "Write metrics every this many iterations.")
     eval_interval: int = _f(20, "Score the eval prompts and write samples every this many iterations (0 = off).")
     eval_prompts: int = _f(16, "How many eval prompts to sample at each evaluation.")

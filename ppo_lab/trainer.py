@@ -338,9 +338,8 @@ class PPOTrainer:
 
         cfg = self.config
         total = iterations if iterations is not None else cfg.total_iterations - self.iteration
-        self.output_dir.mkdir(parents=True, exist_ok=True)
         if self.iteration == 0:
-            (self.output_dir / "config.yaml").write_text(_yaml(cfg.to_dict()))
+            self._start_output_dir()
         if cfg.report_to and not getattr(self, "_trackers_started", False):
             self.accelerator.init_trackers("ppo_lab", config={k: v for k, v in cfg.to_dict().items() if v is not None})
             self._trackers_started = True
@@ -362,6 +361,20 @@ class PPOTrainer:
         if self.iteration >= cfg.total_iterations:
             self.save(self.output_dir / "policy")
         return self.history
+
+    def _start_output_dir(self) -> None:
+        """A fresh run never appends to (or silently deletes) another run's files."""
+        old = [self.output_dir / n for n in ("metrics.jsonl", "samples.jsonl") if (self.output_dir / n).exists()]
+        if old and not self.config.overwrite_output_dir:
+            raise ValueError(
+                f"output_dir {str(self.output_dir)!r} already holds a run ({old[0].name}); choose another "
+                "output_dir, or set overwrite_output_dir to replace it"
+            )
+        if self.accelerator.is_main_process:
+            for path in old:
+                path.unlink()
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            (self.output_dir / "config.yaml").write_text(_yaml(self.config.to_dict()))
 
     def save(self, folder: str | Path) -> Path:
         """Save the policy and tokenizer with `save_pretrained` (loadable as a hub model)."""
