@@ -83,6 +83,8 @@ class PPOTrainer:
 
         self.config = cfg = config
         seed_everything(cfg.seed)
+        if cfg.precision == "fp16" and not torch.cuda.is_available():
+            raise ValueError("PPOConfig.precision = 'fp16' needs a CUDA GPU; use 'fp32' or 'bf16' on the CPU")
         log_with = [t.strip() for t in cfg.report_to.split(",")] if cfg.report_to else None
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),

@@ -131,3 +131,24 @@ def test_an_existing_run_is_never_overwritten_by_accident(tiny_path, tmp_path):
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == first
     PPOTrainer(small_config(tmp_path, total_iterations=1, overwrite_output_dir=True)).train()
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_arithmetic_task_has_a_verifiable_reward(tiny_path, tmp_path):
+    """The built-in model solves some additions but not all, and GRPO trains on it."""
+    from ppo_lab.tasks import ArithmeticTask
+
+    task = ArithmeticTask()
+    assert task.reward(["1 2 + 7 =", "3 + 4 ="], ["1 9", "8"]) == [1.0, 0.0]
+    assert set(task.train_prompts).isdisjoint(task.eval_prompts)
+    cfg = small_config(tmp_path, task="arithmetic", critic="none", advantage_estimator="grpo", responses_per_prompt=4, rollout_batch_size=32, temperature=0.7)
+    trainer = PPOTrainer(cfg)
+    accuracy = sum(s["score"] for s in trainer.evaluate(64)) / 64
+    assert 0.1 < accuracy < 0.95
+    (m,) = trainer.train(1)
+    assert math.isfinite(m["loss/policy"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_fp16_without_a_gpu_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="fp16' needs a CUDA GPU"):
+        PPOTrainer(small_config(tmp_path, precision="fp16"))
