@@ -1,16 +1,19 @@
 # PPO Lab: two commands do all the set-up.
 #   make book   build the executed book into _build/html (creates .venv on first use)
-#   make test   run every test: unit tests, and a clean build of the book with -W -n
+#   make test   run every test: unit tests, nbval on the chapters, a clean -W -n build of the book
+# For authors:
+#   make twins  regenerate the chapters' .ipynb twins from their .md sources and execute them
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TWINS  := $(PY) book/_scripts/twins.py
 
 # No test or book build may reach a model hub; plots render without a display.
 export HF_HUB_OFFLINE := 1
 export MPLBACKEND := Agg
 
-.PHONY: book test install clean
+.PHONY: book test install twins clean
 
 install: $(STAMP)
 
@@ -21,16 +24,28 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
+# jupyter-cache keys a chapter on its code cells only, so a change inside ppo_lab would leave
+# stale outputs in the book: the cache is dropped whenever the package's sources change.
 book: $(STAMP)
+	@hash=$$(cat ppo_lab/*.py ppo_lab/presets/*.yaml requirements.txt | sha256sum | cut -c1-16); \
+	if [ "$$(cat _build/.ppo_lab_hash 2>/dev/null)" != "$$hash" ]; then rm -rf _build/.jupyter_cache; fi; \
+	mkdir -p _build && echo $$hash > _build/.ppo_lab_hash
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 	@echo "The book is in _build/html/index.html"
 
-# The book check builds from scratch into its own folder: an incremental build hides the
-# warnings of pages that did not change.
+# 1. unit tests (including: every twin matches its source);
+# 2. nbval: each chapter re-executed, its outputs compared with the twin's stored ones;
+# 3. a from-scratch build with -W -n, rendering the outputs nbval just verified (their code
+#    cells match the sources, so jupyter-cache serves them and no chapter runs a second time).
 test: $(STAMP)
 	$(PY) -m pytest
+	$(PY) -m pytest --nbval book/*.ipynb --nbval-sanitize-with book/_scripts/nbval_sanitize.cfg -p no:cacheprovider -o addopts="" -o testpaths=""
 	rm -rf _build/check
+	$(TWINS) cache _build/check/_build/.jupyter_cache
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going --path-output _build/check
+
+twins: $(STAMP)
+	$(TWINS) sync
 
 clean:
 	rm -rf _build

@@ -65,13 +65,18 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
+_LAZY_MODULES = {"book", "config", "models", "plotting", "reward_model", "rewards", "rollout", "tasks", "tiny", "trainer"}
 
+
+def __getattr__(name):
+    import importlib
+
+    if name in _LAZY:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'ppo_lab' has no attribute {name!r}")
 
 __all__ = [

@@ -179,7 +179,7 @@ class PPOTrainer:
                     raise ValueError(f"prompt {i} is empty after tokenization")
 
     @property
-    def _lm(self):
+    def lm(self):
         """The bare causal LM inside the (possibly wrapped) policy, for generation and saving."""
         policy = self.accelerator.unwrap_model(self.policy)
         return policy.lm if isinstance(policy, PolicyWithValueHead) else policy
@@ -204,7 +204,7 @@ class PPOTrainer:
         group_ids = torch.arange(len(prompts)).repeat_interleave(k)
         self.policy.eval()
         query_ids, query_mask, response_ids, mask = generate(
-            self._lm, self.tokenizer, repeated, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, self.stop_ids, self.device
+            self.lm, self.tokenizer, repeated, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, self.stop_ids, self.device
         )
         logprobs, ref_logprobs, values, entropy = score_tokens(
             self.policy, self.reference, self.critic, query_ids, query_mask, response_ids, mask, cfg.temperature
@@ -329,7 +329,7 @@ class PPOTrainer:
         prompts = self.eval_prompts[: n or cfg.eval_prompts]
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(cfg.seed + 1 if seed is None else seed)
-            _, _, response_ids, _ = generate(self._lm, self.tokenizer, prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, self.stop_ids, self.device)
+            _, _, response_ids, _ = generate(self.lm, self.tokenizer, prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, self.stop_ids, self.device)
         responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         scores = check_scores(self.reward_fn(prompts, responses), len(prompts), f"reward {self.reward_name}")
         return [{"iteration": self.iteration, "prompt": p, "response": r, "score": s} for p, r, s in zip(prompts, responses, scores.tolist())]
@@ -383,7 +383,7 @@ class PPOTrainer:
         folder = Path(folder)
         if self.accelerator.is_main_process:
             with _quiet_transformers():
-                self._lm.save_pretrained(folder)
+                self.lm.save_pretrained(folder)
                 self.tokenizer.save_pretrained(folder)
         return folder
 

@@ -25,7 +25,7 @@ def test_policy_from_a_local_folder(tiny_path, tmp_path):
     tokenizer.save_pretrained(folder)
     cfg = small_config(tmp_path, policy_model=str(folder), total_iterations=1)
     trainer = PPOTrainer(cfg)
-    assert trainer._lm.config.n_embd == policy.config.n_embd
+    assert trainer.lm.config.n_embd == policy.config.n_embd
     trainer.train()
     reloaded = load_policy(str(tmp_path / "run" / "policy"))
     assert any(not torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), policy.state_dict().values()))

@@ -54,10 +54,10 @@ def test_the_first_update_step_is_on_policy(tiny_path, tmp_path):
 
 def test_training_changes_the_policy_not_the_reference(tiny_path, tmp_path):
     trainer = PPOTrainer(small_config(tmp_path, total_iterations=1))
-    before = {k: v.clone() for k, v in trainer._lm.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.lm.state_dict().items()}
     ref_before = {k: v.clone() for k, v in trainer.reference.state_dict().items()}
     trainer.train()
-    after = trainer._lm.state_dict()
+    after = trainer.lm.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert all(torch.equal(ref_before[k], v) for k, v in trainer.reference.state_dict().items())
 

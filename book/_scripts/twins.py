@@ -1,0 +1,128 @@
+"""The chapters' .ipynb twins: generate them from the .md sources, check them, cache them.
+
+Each chapter is a MyST-NB markdown notebook (`book/*.md` with a jupytext header), the single
+source of its text and code. Beside it sits an .ipynb twin, generated here and never edited by
+hand, which the Colab and Binder buttons open and nbval checks:
+
+    python book/_scripts/twins.py sync [CHAPTER ...]   regenerate twins and execute them in place
+    python book/_scripts/twins.py check                exit 1 if a twin's cells differ from its source
+    python book/_scripts/twins.py cache DIR            put the executed twins into a jupyter-cache at DIR
+
+The twin has one cell more than its source, first: it installs ppo_lab where it is missing (Colab),
+from the repository named in _config.yml, and does nothing where ppo_lab is importable.
+`cache` lets the book build render the nbval-verified outputs instead of executing every chapter
+a second time: jupyter-cache matches notebooks by their code cells, so the twin is stored
+without its install cell and then matches its source exactly.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALL_TAG = "ppo-lab-install"
+
+
+def chapters() -> list[Path]:
+    """The executable chapters listed in _toc.yml, in order (markdown files with a kernel)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+
+    def walk(entries):
+        for entry in entries or []:
+            if "file" in entry:
+                files.append(entry["file"])
+            walk(entry.get("sections"))
+            walk(entry.get("chapters"))
+
+    walk(toc.get("parts"))
+    walk(toc.get("chapters"))
+    out = []
+    for name in files:
+        path = ROOT / f"{name}.md"
+        text = path.read_text() if path.exists() else ""
+        if text.startswith("---") and "kernelspec:" in text.split("---", 2)[1]:
+            out.append(path)
+    return out
+
+
+def install_cell() -> nbformat.NotebookNode:
+    cfg = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    source = (
+        "# Colab / Binder: install ppo_lab if it is missing (does nothing where it is installed).\n"
+        "import importlib.util\n"
+        "if importlib.util.find_spec('ppo_lab') is None:\n"
+        f"    %pip install --quiet 'ppo-lab @ git+{cfg['url']}@{cfg['branch']}'"
+    )
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": [INSTALL_TAG, "remove-cell"]})
+    cell.id = "install-ppo-lab"
+    return cell
+
+
+def twin_from_source(md: Path) -> nbformat.NotebookNode:
+    nb = jupytext.read(md)
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"cell-{i:03d}"  # stable ids: regenerating a twin changes nothing that did not change
+        cell.metadata.pop("lines_to_next_cell", None)
+    nb.cells.insert(0, install_cell())
+    nb.metadata.pop("jupytext", None)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    return nb
+
+
+def _cells(nb):
+    return [(c.cell_type, c.source, sorted(c.metadata.get("tags", []))) for c in nb.cells]
+
+
+def sync(paths: list[Path]) -> None:
+    for md in paths:
+        twin = md.with_suffix(".ipynb")
+        nbformat.write(twin_from_source(md), twin)
+        print(f"executing {twin.relative_to(ROOT)}", flush=True)
+        subprocess.run([sys.executable, "-m", "jupyter", "execute", "--inplace", "--timeout=600", str(twin)], check=True, cwd=twin.parent)
+        # execution counts and timings are noise in a diff; keep the outputs only
+        nb = nbformat.read(twin, as_version=4)
+        nb.metadata.pop("widgets", None)
+        for cell in nb.cells:
+            cell.metadata.pop("execution", None)
+        nbformat.write(nb, twin)
+
+
+def check() -> int:
+    stale = []
+    for md in chapters():
+        twin = md.with_suffix(".ipynb")
+        if not twin.exists() or _cells(nbformat.read(twin, as_version=4)) != _cells(twin_from_source(md)):
+            stale.append(twin.relative_to(ROOT))
+    for path in stale:
+        print(f"out of date: {path} (run `make twins`)")
+    return 1 if stale else 0
+
+
+def cache(directory: str) -> None:
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    store = get_cache(directory)
+    for md in chapters():
+        nb = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
+        nb.cells = [c for c in nb.cells if INSTALL_TAG not in c.metadata.get("tags", [])]
+        store.cache_notebook_bundle(CacheBundleIn(nb, str(md)), check_validity=False, overwrite=True)
+
+
+if __name__ == "__main__":
+    command, *rest = sys.argv[1:] or ["check"]
+    if command == "sync":
+        sync([Path(p).resolve() for p in rest] or chapters())
+    elif command == "check":
+        sys.exit(check())
+    elif command == "cache":
+        cache(rest[0])
+    else:
+        sys.exit(f"unknown command {command!r}: use sync, check or cache")
