@@ -9,9 +9,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TWINS  := $(PY) book/_scripts/twins.py
 
-# No test or book build may reach a model hub; plots render without a display.
+# No test or book build may reach a model hub. (MPLBACKEND is left alone: a notebook kernel
+# needs its inline backend, and matplotlib falls back to Agg by itself without a display.)
 export HF_HUB_OFFLINE := 1
-export MPLBACKEND := Agg
 
 .PHONY: book test install twins clean
 
@@ -39,7 +39,7 @@ book: $(STAMP)
 #    cells match the sources, so jupyter-cache serves them and no chapter runs a second time).
 test: $(STAMP)
 	$(PY) -m pytest
-	$(PY) -m pytest --nbval book/*.ipynb --nbval-sanitize-with book/_scripts/nbval_sanitize.cfg -p no:cacheprovider -o addopts="" -o testpaths=""
+	$(PY) -m pytest --nbval $$($(TWINS) list) --nbval-sanitize-with book/_scripts/nbval_sanitize.cfg -p no:cacheprovider -o addopts="" -o testpaths=""
 	rm -rf _build/check
 	$(TWINS) cache _build/check/_build/.jupyter_cache
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going --path-output _build/check

@@ -31,7 +31,7 @@ accelerate, is imported on first use of its names (`ppo_lab.PPOTrainer`, ...).
 """
 
 from .aggregation import AGGREGATION_MODES, aggregate_loss
-from .clipping import clipped_policy_loss
+from .clipping import clipped_policy_loss, kl_penalized_policy_loss
 from .estimators import (
     ADVANTAGE_ESTIMATORS,
     compute_advantages,
@@ -101,6 +101,7 @@ __all__ = [
     "full_kl",
     "get_advantage_estimator",
     "importance_weights",
+    "kl_penalized_policy_loss",
     "kl_penalty",
     "last_real_index",
     "logprobs_from_logits",

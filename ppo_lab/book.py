@@ -1,4 +1,4 @@
-"""Small helpers the book's chapters share: reproducible set-up and glued numbers.
+"""Small helpers every chapter (from chapter 1 on) shares: reproducible set-up and glued numbers.
 
 Every chapter starts with `ppo_lab.book.setup()`, so that its numbers are the same each time it
 runs on the same machine (the book's stored outputs are checked against a fresh run), and

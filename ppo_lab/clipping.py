@@ -97,3 +97,57 @@ def clipped_policy_loss(
             }
         )
     return loss, metrics
+
+
+def kl_penalized_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    agg: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's other variant, the adaptive KL penalty (Schulman et al., 2017, section 4).
+
+    Instead of clipping the ratio, penalise the distance from the policy that sampled the batch:
+
+        loss per token = -rho * A + beta * k3(pi_old || pi_theta),   k3 = (rho - 1) - log rho,
+
+    with beta adapted between iterations by `PPOPenaltyKLController` (double it when the KL
+    exceeds 1.5 x target, halve it below target / 1.5). Every token keeps a gradient; the
+    penalty, not a hard boundary, holds the update near the old policy.
+
+    Args:
+        logprobs: (B, T) log pi_theta of the sampled tokens, with gradient.
+        old_logprobs: (B, T) log pi_old of the same tokens.
+        advantages: (B, T) advantage estimates (treated as constants).
+        mask: (B, T) 1 on real response tokens.
+        beta: penalty weight >= 0.
+        agg: loss aggregation mode (see `aggregate_loss`).
+
+    Returns:
+        loss: 0-dim tensor.
+        metrics: detached "policy/approx_kl", "policy/ratio_mean", "policy/ratio_min",
+            "policy/ratio_max", and "policy/clipfrac" = 0 (nothing is clipped), so the same
+            dashboards read both variants.
+    """
+    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    check_tensor("logprobs", logprobs, ndim=2)
+    m = check_mask(mask, logprobs, "logprobs")
+    beta = check_range("beta", beta, low=0.0)
+    real = m.bool()
+    log_ratio = torch.where(real, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    ratio = torch.exp(log_ratio)
+    k3 = torch.expm1(log_ratio) - log_ratio
+    per_token = -advantages.detach() * ratio + beta * k3
+    loss = aggregate_loss(per_token, m, agg)
+    with torch.no_grad():
+        ratio_real = ratio.detach()[real]
+        metrics = {
+            "policy/clipfrac": torch.zeros((), dtype=m.dtype, device=m.device),
+            "policy/approx_kl": masked_mean(k3.detach(), m),
+            "policy/ratio_mean": ratio_real.mean(),
+            "policy/ratio_min": ratio_real.min(),
+            "policy/ratio_max": ratio_real.max(),
+        }
+    return loss, metrics

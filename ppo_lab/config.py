@@ -67,6 +67,9 @@ class PPOConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     max_grad_norm: float | None = _f(1.0, "Clip the gradient norm to this value (None = no clipping).")
     # --- PPO losses ----------------------------------------------------------------------
+    policy_loss: str = _f("clip", "PPO variant: the clipped surrogate, or the adaptive KL penalty to the old policy (PPO-penalty).", ("clip", "kl_penalty"))
+    penalty_beta: float = _f(1.0, "Initial beta of PPO-penalty (policy_loss = kl_penalty).")
+    penalty_kl_target: float = _f(0.01, "Target KL(old || new) per token of PPO-penalty; beta doubles above 1.5x, halves below 1/1.5x.")
     clip_eps: float = _f(0.2, "Policy ratio clip range epsilon.")
     clip_eps_high: float | None = _f(None, "Upper ratio clip range (None = clip_eps).")
     dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages (None = off).")
@@ -139,6 +142,8 @@ class PPOConfig:
         _in_range(self, "kl_coef", 0.0, None)
         _in_range(self, "kl_target", 0.0, None, low_open=True)
         _in_range(self, "kl_horizon", 0.0, None, low_open=True)
+        _in_range(self, "penalty_beta", 0.0, None)
+        _in_range(self, "penalty_kl_target", 0.0, None, low_open=True)
         for name in ["clip_eps_high", "max_grad_norm", "score_clip"]:
             if getattr(self, name) is not None:
                 _in_range(self, name, 0.0, None, low_open=True)

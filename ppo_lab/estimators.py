@@ -72,8 +72,11 @@ def reinforce_estimator(rewards, mask, *, values=None, gamma=1.0, **_):
     """Reward-to-go minus a baseline: A_t = G_t - b_t, returns G_t.
 
     The baseline b_t is the critic's V(s_t) when `values` is given, otherwise the mean of G
-    over all real tokens of the batch (a constant baseline: it leaves the gradient's expectation
-    unchanged and removes its largest source of variance, the common offset of the returns).
+    over all real tokens of the batch. The batch mean removes the largest source of variance,
+    the common offset of the returns, but it is not quite a constant: it contains each sample's
+    own return, which biases the expected gradient towards zero by a term of order 1/n (n real tokens
+    in the batch; chapter 2 measures it). Use a critic, or the leave-one-out "rloo", when that
+    bias matters.
     """
     returns = discounted_returns(rewards, mask, gamma)
     m = check_mask(mask, rewards, "rewards")

@@ -34,11 +34,11 @@ from pathlib import Path
 
 import torch
 
-from .clipping import clipped_policy_loss
+from .clipping import clipped_policy_loss, kl_penalized_policy_loss
 from .config import PPOConfig
 from .estimators import get_advantage_estimator
 from .kl import kl_penalty
-from .kl_control import AdaptiveKLController, FixedKLController
+from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLController
 from .masked import masked_mean, masked_whiten
 from .models import (
     PolicyWithValueHead,
@@ -154,6 +154,8 @@ class PPOTrainer:
         else:
             self.kl_ctl = FixedKLController(cfg.kl_coef)
         self.estimator = get_advantage_estimator(cfg.advantage_estimator)
+        # PPO-penalty's beta (KL to the *old* policy) is separate from the reference-KL coefficient.
+        self.penalty_ctl = PPOPenaltyKLController(cfg.penalty_beta, cfg.penalty_kl_target) if cfg.policy_loss == "kl_penalty" else None
 
         # --- bookkeeping ----------------------------------------------------------------
         self.iteration = 0
@@ -233,9 +235,12 @@ class PPOTrainer:
         q, qm, r, m = ro.query_ids[idx], ro.query_mask[idx], ro.response_ids[idx], ro.mask[idx]
         logits, values = response_logits(self.policy, q, qm, r, m)
         logprobs = logprobs_from_logits(logits, r, cfg.temperature)
-        loss, metrics = clipped_policy_loss(
-            logprobs, ro.logprobs[idx], advantages[idx], m, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip, cfg.loss_agg
-        )
+        if self.penalty_ctl is not None:
+            loss, metrics = kl_penalized_policy_loss(logprobs, ro.logprobs[idx], advantages[idx], m, self.penalty_ctl.value, cfg.loss_agg)
+        else:
+            loss, metrics = clipped_policy_loss(
+                logprobs, ro.logprobs[idx], advantages[idx], m, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip, cfg.loss_agg
+            )
         metrics["loss/policy"] = loss.detach()
         if self.critic is not None:
             values = critic_values(self.critic, q, qm, r, m)
@@ -290,6 +295,9 @@ class PPOTrainer:
         metrics = self.update(ro, advantages, returns)
         t2 = time.perf_counter()
 
+        if self.penalty_ctl is not None:
+            metrics["policy/penalty_beta"] = self.penalty_ctl.value
+            self.penalty_ctl.update(metrics["policy/approx_kl"])
         kl_per_seq = (kl_penalty(ro.logprobs, ro.ref_logprobs, "k1") * ro.mask).sum(1)
         mean_kl = kl_per_seq.mean().item()
         self.kl_ctl.update(mean_kl, len(ro))

@@ -125,3 +125,28 @@ def test_on_policy_first_step_is_the_policy_gradient(gen):
     loss.backward()
     torch.testing.assert_close(lp.grad, -adv / 12)
     assert metrics["policy/approx_kl"].item() == 0.0 and metrics["policy/clipfrac"].item() == 0.0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("beta", [0.0, 0.5, 3.0])
+def test_kl_penalized_loss_matches_reference(seed, beta):
+    from ppo_lab import kl_penalized_policy_loss
+
+    g = torch.Generator().manual_seed(seed)
+    old = torch.randn(4, 6, generator=g, dtype=torch.float64) - 1
+    lp = (old + torch.randn(4, 6, generator=g, dtype=torch.float64) * 0.4).requires_grad_()
+    adv = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    mask = random_mask(4, 6, g)
+    loss, metrics = kl_penalized_policy_loss(lp, old, adv, mask, beta)
+    per_token = []
+    for l_row, o_row, a_row in zip(ref.rows(lp.detach()), ref.rows(old), ref.rows(adv)):
+        per_token.append([-a * math.exp(l - o) + beta * (math.exp(l - o) - 1 - (l - o)) for l, o, a in zip(l_row, o_row, a_row)])
+    assert loss.item() == pytest.approx(ref.aggregate(per_token, ref.rows(mask), "token-mean"), rel=1e-12)
+    assert metrics["policy/clipfrac"].item() == 0.0
+    # no token's gradient is cut: every real token with A != 0 or rho != 1 keeps a gradient
+    loss.backward()
+    assert (lp.grad[mask.bool()] != 0).all()
+    # at rho = 1 the penalty's gradient vanishes: the first step is the plain policy gradient
+    same = old.clone().requires_grad_()
+    kl_penalized_policy_loss(same, old, adv, torch.ones_like(adv), beta)[0].backward()
+    torch.testing.assert_close(same.grad, -adv / adv.numel())

@@ -152,3 +152,12 @@ def test_arithmetic_task_has_a_verifiable_reward(tiny_path, tmp_path):
 def test_fp16_without_a_gpu_is_refused(tmp_path):
     with pytest.raises(ValueError, match="fp16' needs a CUDA GPU"):
         PPOTrainer(small_config(tmp_path, precision="fp16"))
+
+
+def test_ppo_penalty_adapts_its_beta(tiny_path, tmp_path):
+    """PPO-penalty: KL(old || new) far above a tiny target doubles beta after the iteration."""
+    cfg = small_config(tmp_path, policy_loss="kl_penalty", penalty_beta=0.5, penalty_kl_target=1e-6, total_iterations=2)
+    history = PPOTrainer(cfg).train()
+    assert history[0]["policy/penalty_beta"] == 0.5
+    assert history[1]["policy/penalty_beta"] == 1.0
+    assert history[0]["policy/clipfrac"] == 0.0

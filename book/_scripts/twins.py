@@ -7,6 +7,7 @@ hand, which the Colab and Binder buttons open and nbval checks:
     python book/_scripts/twins.py sync [CHAPTER ...]   regenerate twins and execute them in place
     python book/_scripts/twins.py check                exit 1 if a twin's cells differ from its source
     python book/_scripts/twins.py cache DIR            put the executed twins into a jupyter-cache at DIR
+    python book/_scripts/twins.py list                 print the twins of the chapters in _toc.yml
 
 The twin has one cell more than its source, first: it installs ppo_lab where it is missing (Colab),
 from the repository named in _config.yml, and does nothing where ppo_lab is importable.
@@ -124,5 +125,7 @@ if __name__ == "__main__":
         sys.exit(check())
     elif command == "cache":
         cache(rest[0])
+    elif command == "list":
+        print(" ".join(str(md.with_suffix(".ipynb").relative_to(ROOT)) for md in chapters()))
     else:
         sys.exit(f"unknown command {command!r}: use sync, check or cache")
