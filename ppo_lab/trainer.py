@@ -34,11 +34,13 @@ from pathlib import Path
 
 import torch
 
+from .aggregation import aggregate_loss
 from .clipping import clipped_policy_loss, kl_penalized_policy_loss
 from .config import PPOConfig
 from .estimators import get_advantage_estimator
 from .kl import kl_penalty
 from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLController
+from .logprobs import entropy_from_logits, logprobs_from_logits
 from .masked import masked_mean, masked_whiten
 from .models import (
     PolicyWithValueHead,
@@ -52,20 +54,15 @@ from .models import (
 from .rewards import check_scores, load_reward
 from .rollout import Rollout, critic_values, generate, response_logits, score_tokens
 from .shaping import adjust_scores, shape_rewards
-from .logprobs import entropy_from_logits, logprobs_from_logits
-from .aggregation import aggregate_loss
 from .value import clipped_value_loss
 
 
 def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy as np
+    import numpy as np
 
-        np.random.seed(seed)
-    except ImportError:  # pragma: no cover
-        pass
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 class PPOTrainer:
