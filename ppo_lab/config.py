@@ -9,8 +9,13 @@ allowed.
 Batch sizes, in one place. One PPO iteration samples `rollout_batch_size` responses (that is,
 `rollout_batch_size / responses_per_prompt` prompts), then makes `ppo_epochs` passes over them
 in shuffled minibatches of `minibatch_size` responses; each minibatch is one optimizer step,
-split into `gradient_accumulation_steps` micro-batches for memory. All three sizes are global
-(summed over processes when several run under `accelerate launch`).
+split into micro-batches for memory. The rollout and minibatch sizes are global: under
+`accelerate launch` with N processes, each process samples `rollout_batch_size / N` responses,
+the rollout is gathered so that whitening, the KL controller and every metric see the whole
+batch, and each minibatch is cut into `gradient_accumulation_steps x N` micro-batches of
+`minibatch_size / (gradient_accumulation_steps x N)` responses, `gradient_accumulation_steps`
+on each process. A run on N processes therefore computes the same update as a run on one
+process with `gradient_accumulation_steps x N` (tests/test_distributed.py checks it).
 """
 
 from __future__ import annotations
@@ -53,11 +58,12 @@ class PPOConfig:
     top_k: int = _f(0, "Sample from the k most likely tokens only (0 = off). Makes the PPO ratio approximate.")
     top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off). Makes the PPO ratio approximate.")
     stop_token: str | None = _f(None, "An extra token that ends a response, besides EOS.")
+    ignore_eos: bool = _f(False, "Never stop a response: sample exactly max_new_tokens tokens, all of them real (for benchmarks).")
     # --- batches -------------------------------------------------------------------------
-    rollout_batch_size: int = _f(64, "Responses sampled per PPO iteration (global).")
+    rollout_batch_size: int = _f(64, "Responses sampled per PPO iteration (global: each of N processes samples rollout_batch_size / N).")
     responses_per_prompt: int = _f(1, "Responses sampled for each prompt (>1 for rloo/grpo).")
     minibatch_size: int = _f(16, "Responses per optimizer step (global); must divide rollout_batch_size.")
-    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch; must divide minibatch_size.")
+    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch on each process; a micro-batch holds minibatch_size / (gradient_accumulation_steps x processes) responses.")
     ppo_epochs: int = _f(4, "Passes over each rollout batch.")
     total_iterations: int = _f(60, "PPO iterations (rollout + update) to run.")
     # --- optimisation --------------------------------------------------------------------
@@ -95,12 +101,21 @@ class PPOConfig:
     # --- run -----------------------------------------------------------------------------
     seed: int = _f(0, "Random seed.")
     precision: str = _f("fp32", "Mixed precision (bf16/fp16 on GPU; master weights and loss math stay fp32).", ("fp32", "bf16", "fp16"))
+    gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass (policy and critic) to save memory.")
+    torch_compile: bool = _f(False, "Compile the training forwards with torch.compile.")
+    lora_r: int = _f(0, "LoRA rank (0 = train all weights). With LoRA the reference is the policy with its adapter disabled: no second copy.")
+    lora_alpha: float = _f(16.0, "LoRA scaling alpha.")
+    lora_dropout: float = _f(0.0, "LoRA dropout (0 keeps the first PPO step exactly on-policy).")
+    lora_target_modules: str = _f("all-linear", "Modules that get LoRA adapters: all-linear, or a comma-separated list of module names.")
     output_dir: str = _f("runs/ppo", "Where metrics.jsonl, samples.jsonl and the final model are written.")
     overwrite_output_dir: bool = _f(False, "Start over in an output_dir that already holds a run (its metrics and samples are replaced).")
     log_interval: int = _f(1, "Write metrics every this many iterations.")
     eval_interval: int = _f(20, "Score the eval prompts and write samples every this many iterations (0 = off).")
     eval_prompts: int = _f(16, "How many eval prompts to sample at each evaluation.")
-    save_interval: int = _f(0, "Save the policy every this many iterations (0 = only at the end).")
+    save_interval: int = _f(0, "Write a checkpoint (weights, optimizer, scheduler, KL controllers, RNG, step) every this many iterations (0 = none); the final policy is always saved.")
+    keep_checkpoints: int = _f(2, "How many of the newest checkpoints to keep in output_dir/checkpoints.")
+    resume_from: str | None = _f(None, "Resume from a checkpoint folder, or 'latest' for the newest valid one in output_dir/checkpoints.")
+    max_bad_updates: int = _f(3, "Stop the run after this many updates skipped for nan or inf in rewards, losses or gradients.")
     report_to: str | None = _f(None, "Also log to these trackers through accelerate (tensorboard, wandb, trackio; comma-separated).")
     progress_bar: bool = _f(True, "Show a progress bar with reward and KL.")
 
@@ -123,11 +138,11 @@ class PPOConfig:
             value = getattr(self, f.name)
             if choices is not None and value not in choices:
                 raise ValueError(f"PPOConfig.{f.name} = {value!r} is not allowed; valid values are: {', '.join(map(repr, choices))}")
-        positive_ints = ["max_new_tokens", "rollout_batch_size", "responses_per_prompt", "minibatch_size", "gradient_accumulation_steps", "ppo_epochs", "total_iterations", "log_interval", "eval_prompts"]
+        positive_ints = ["max_new_tokens", "rollout_batch_size", "responses_per_prompt", "minibatch_size", "gradient_accumulation_steps", "ppo_epochs", "total_iterations", "log_interval", "eval_prompts", "keep_checkpoints", "max_bad_updates"]
         for name in positive_ints:
             if getattr(self, name) < 1:
                 raise ValueError(f"PPOConfig.{name} = {getattr(self, name)!r} must be an integer >= 1")
-        for name in ["warmup_steps", "eval_interval", "save_interval", "top_k"]:
+        for name in ["warmup_steps", "eval_interval", "save_interval", "top_k", "lora_r"]:
             if getattr(self, name) < 0:
                 raise ValueError(f"PPOConfig.{name} = {getattr(self, name)!r} must be an integer >= 0")
         _in_range(self, "temperature", 0.0, None, low_open=True)
@@ -143,6 +158,8 @@ class PPOConfig:
         _in_range(self, "kl_target", 0.0, None, low_open=True)
         _in_range(self, "kl_horizon", 0.0, None, low_open=True)
         _in_range(self, "penalty_beta", 0.0, None)
+        _in_range(self, "lora_alpha", 0.0, None, low_open=True)
+        _in_range(self, "lora_dropout", 0.0, 1.0)
         _in_range(self, "penalty_kl_target", 0.0, None, low_open=True)
         for name in ["clip_eps_high", "max_grad_norm", "score_clip"]:
             if getattr(self, name) is not None:
@@ -172,8 +189,8 @@ class PPOConfig:
             ("minibatch_size", self.minibatch_size, "gradient_accumulation_steps", self.gradient_accumulation_steps),
         ]
         if processes > 1:
-            pairs.append(("minibatch_size", self.minibatch_size, "the number of processes", processes))
-            pairs.append(("minibatch_size // gradient_accumulation_steps", self.minibatch_size // self.gradient_accumulation_steps, "the number of processes", processes))
+            pairs.append(("rollout_batch_size", self.rollout_batch_size, "the number of processes", processes))
+            pairs.append(("minibatch_size", self.minibatch_size, "gradient_accumulation_steps x processes", self.gradient_accumulation_steps * processes))
         for a, av, b, bv in pairs:
             if av % bv:
                 raise ValueError(f"PPOConfig: {a} = {av} is not divisible by {b} = {bv}")

@@ -17,8 +17,12 @@ import torch
 RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
 
 
-def check_scores(scores, n: int, source: str = "the reward function") -> torch.Tensor:
-    """(n,) float32 tensor of `scores`, or a ValueError naming `source` and the problem."""
+def check_scores(scores, n: int, source: str = "the reward function", finite: bool = True) -> torch.Tensor:
+    """(n,) float32 tensor of `scores`, or a ValueError naming `source` and the problem.
+
+    With `finite=False` nan and inf pass through (the trainer skips such an update itself and
+    stops after `max_bad_updates`); a wrong type or shape is always an error.
+    """
     try:
         tensor = torch.as_tensor(scores if isinstance(scores, torch.Tensor) else list(scores), dtype=torch.float32)
     except (TypeError, ValueError) as err:
@@ -29,7 +33,7 @@ def check_scores(scores, n: int, source: str = "the reward function") -> torch.T
     if tensor.dim() != 1 or tensor.shape[0] != n:
         raise ValueError(f"{source} returned scores of shape {tuple(tensor.shape)} for {n} responses; expected ({n},)")
     bad = ~torch.isfinite(tensor)
-    if bool(bad.any()):
+    if finite and bool(bad.any()):
         rows = torch.nonzero(bad).flatten()[:5].tolist()
         raise ValueError(f"{source} returned nan or inf for response(s) {rows}: {tensor[bad][:5].tolist()}")
     return tensor

@@ -4,7 +4,8 @@ Chapter 7 (The PPO trainer end to end) reads this module. A rollout turns a batc
 into everything the update needs:
 
 1. tokenize the prompts, left-padded, so every response starts at the same column;
-2. sample the responses with the KV cache (`model.generate`), at the configured temperature;
+2. sample the responses with the KV cache (`generate`, a plain loop over `sample_tokens`), at
+   the configured temperature;
 3. cut each response after its first stop token (`response_mask`), which works even when the
    tokenizer pads with its EOS token;
 4. one forward of the policy over prompt + response for the old log-probs (and the values, if
@@ -75,26 +76,73 @@ def critic_values(critic, query_ids, query_mask, response_ids, mask):
     return critic(input_ids=input_ids, attention_mask=attention, position_ids=position_ids)[:, p - 1 : -1]
 
 
+def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Draw one token per row from softmax(logits / temperature) by inverting its CDF at `uniforms`.
+
+    Args:
+        logits: (B, V) next-token logits.
+        uniforms: (B,) numbers in [0, 1), one per row.
+        temperature, top_k, top_p: as in `PPOConfig` (top_k = 0 and top_p = 1 switch them off).
+
+    Returns:
+        (B,) token ids. Row b's token depends only on `logits[b]` and `uniforms[b]`, never on the
+        other rows, which is what lets one process and several processes (each sampling its share
+        of the batch) draw the same responses from the same seed. `torch.multinomial` consumes a
+        shared random stream and cannot promise that.
+    """
+    z = logits.float() / temperature
+    if top_k > 0 and top_k < z.shape[-1]:
+        kth = torch.topk(z, top_k, dim=-1).values[:, -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True)
+        probs = torch.softmax(sorted_z, dim=-1)
+        # drop a token when the tokens ranked above it already hold top_p of the mass
+        drop = (probs.cumsum(-1) - probs) > top_p
+        z = z.scatter(-1, order, sorted_z.masked_fill(drop, float("-inf")))
+    cdf = torch.softmax(z, dim=-1).cumsum(dim=-1)
+    target = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
+    return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=z.shape[-1] - 1)
+
+
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int, top_p: float, stop_ids: list[int], device):
-    """Sample one response per prompt; returns (query_ids, query_mask, response_ids, mask)."""
+def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int, top_p: float, stop_ids: list[int], device, *, uniforms: torch.Tensor | None = None):
+    """Sample one response per prompt with the KV cache; returns (query_ids, query_mask, response_ids, mask).
+
+    A plain sampling loop rather than `model.generate`: one forward per new token on the cached
+    keys and values, tokens drawn with `sample_tokens`. It stops when every row has produced a
+    stop token (`stop_ids`; an empty list samples exactly `max_new_tokens` tokens, as benchmarks
+    do). `uniforms` (B, max_new_tokens) fixes the random draws (default: from torch's generator).
+    """
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    out = model.generate(
-        input_ids=enc["input_ids"],
-        attention_mask=enc["attention_mask"],
-        max_new_tokens=max_new_tokens,
-        do_sample=True,
-        temperature=temperature,
-        top_k=top_k if top_k > 0 else None,
-        top_p=top_p,
-        eos_token_id=stop_ids,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    response_ids = out[:, enc["input_ids"].shape[1] :]
-    mask = response_mask(response_ids, stop_ids)
-    # Anything after the stop token is replaced by pad, whatever generate left there.
+    query_ids, query_mask = enc["input_ids"], enc["attention_mask"]
+    batch = query_ids.shape[0]
+    if uniforms is None:
+        uniforms = torch.rand(batch, max_new_tokens)
+    if tuple(uniforms.shape) != (batch, max_new_tokens):
+        raise ValueError(f"`uniforms` has shape {tuple(uniforms.shape)}; expected ({batch}, {max_new_tokens})")
+    uniforms = uniforms.to(device)
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    positions = (query_mask.cumsum(dim=1) - 1).clamp(min=0)
+    attention = query_mask
+    out = model(input_ids=query_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+    last = positions[:, -1:]
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    tokens = []
+    for t in range(max_new_tokens):
+        token = sample_tokens(out.logits[:, -1, :], uniforms[:, t], temperature, top_k, top_p)
+        tokens.append(token)
+        done = done | torch.isin(token, stops)
+        if t == max_new_tokens - 1 or bool(done.all()):
+            break
+        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+        last = last + 1
+        out = model(input_ids=token[:, None], attention_mask=attention, position_ids=last, past_key_values=out.past_key_values, use_cache=True)
+    response_ids = torch.stack(tokens, dim=1)
+    mask = response_mask(response_ids, list(stop_ids) or None)
+    # Anything after the stop token is replaced by pad.
     response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
-    return enc["input_ids"], enc["attention_mask"], response_ids, mask
+    return query_ids, query_mask, response_ids, mask
 
 
 @torch.no_grad()

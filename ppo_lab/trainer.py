@@ -21,19 +21,34 @@ How it departs from the textbook algorithm, on purpose:
    reward; with `kl_in="loss"` it is recomputed with gradients at every step (GRPO style).
 5. With gradient accumulation, each micro-batch's aggregated loss is divided by the number of
    micro-batches (as TRL and verl do), so "token-mean" is a mean of micro-batch means.
+6. Every random draw of an iteration (the sampled tokens, the minibatch order) comes from a
+   generator seeded by (seed, iteration), and each response's tokens depend only on its own
+   draws. So a run split over N processes samples the same responses as one process, and a
+   run resumed from a checkpoint continues exactly as the unbroken run would have.
+7. Non-finite rewards, losses or gradients never reach the weights: the optimizer step is
+   skipped with a warning that names the phase and the metric, and after `max_bad_updates`
+   skipped updates the run stops, its last checkpoint untouched.
+
+Several processes (`accelerate launch`): each samples and scores its share of the rollout, the
+rollout is gathered so every process holds the whole batch (whitening, KL control and metrics
+are global), and each process trains on its micro-batches of every minibatch; DDP averages
+the gradients. See `PPOConfig`'s module docstring for the batch arithmetic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
 import resource
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
+from . import checkpoint as ckpt
 from .aggregation import aggregate_loss
 from .clipping import clipped_policy_loss, kl_penalized_policy_loss
 from .config import PPOConfig
@@ -55,6 +70,14 @@ from .rewards import check_scores, load_reward
 from .rollout import Rollout, critic_values, generate, response_logits, score_tokens
 from .shaping import adjust_scores, shape_rewards
 from .value import clipped_value_loss
+
+
+class NonFiniteError(RuntimeError):
+    """The run stopped because too many updates met nan or inf (see `PPOConfig.max_bad_updates`)."""
+
+
+# Fixed stream numbers (not hash(), which changes between processes) for `_generator`.
+_STREAMS = {"sample": 1, "shuffle": 2, "eval": 3}
 
 
 def seed_everything(seed: int) -> None:
@@ -88,6 +111,7 @@ class PPOTrainer:
             mixed_precision="no" if cfg.precision == "fp32" else cfg.precision,
             log_with=log_with,
             project_dir=cfg.output_dir,
+            dynamo_backend="inductor" if cfg.torch_compile else "no",
         )
         cfg.check_divisibility(self.accelerator.num_processes)
         self.device = self.accelerator.device
@@ -120,7 +144,14 @@ class PPOTrainer:
                 raise ValueError(f"PPOConfig.stop_token = {cfg.stop_token!r} is not a token of the tokenizer")
             self.stop_ids.append(stop)
         self._check_prompt_lengths(lm)
-        self.reference = make_reference(lm).to(self.device)
+        if cfg.lora_r > 0:
+            from .lora import LoRAReference, apply_lora
+
+            lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+            # The reference is the same weights with the adapter switched off: no second copy.
+            self.reference = LoRAReference(lm)
+        else:
+            self.reference = make_reference(lm).to(self.device)
         if cfg.critic == "shared":
             self.policy = PolicyWithValueHead(lm)
             self.critic = None
@@ -129,13 +160,20 @@ class PPOTrainer:
         else:
             self.policy = lm
             self.critic = load_critic(cfg.critic_model or cfg.policy_model, cfg.trust_remote_code)
+        if cfg.gradient_checkpointing:
+            for model in (lm, self.critic.backbone if self.critic is not None else None):
+                if model is not None:
+                    # non-reentrant: works with frozen inputs (LoRA) and with no_grad generation
+                    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
         # --- optimisation ---------------------------------------------------------------
-        params = list(self.policy.parameters()) + (list(self.critic.parameters()) if self.critic is not None else [])
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        params += [p for p in self.critic.parameters() if p.requires_grad] if self.critic is not None else []
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         steps_per_iteration = cfg.ppo_epochs * (cfg.rollout_batch_size // cfg.minibatch_size)
         from transformers import get_scheduler
 
+        # Not passed to accelerator.prepare: its scheduler wrapper steps once per process.
         self.scheduler = get_scheduler(
             {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.lr_schedule],
             self.optimizer,
@@ -143,9 +181,9 @@ class PPOTrainer:
             num_training_steps=cfg.total_iterations * steps_per_iteration,
         )
         if self.critic is not None:
-            self.policy, self.critic, self.optimizer, self.scheduler = self.accelerator.prepare(self.policy, self.critic, self.optimizer, self.scheduler)
+            self.policy, self.critic, self.optimizer = self.accelerator.prepare(self.policy, self.critic, self.optimizer)
         else:
-            self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(self.policy, self.optimizer, self.scheduler)
+            self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
         if cfg.kl_control == "adaptive":
             self.kl_ctl = AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
         else:
@@ -156,10 +194,14 @@ class PPOTrainer:
 
         # --- bookkeeping ----------------------------------------------------------------
         self.iteration = 0
+        self.bad_updates = 0
         self.history: list[dict] = []
         self._prompt_order: list[int] = []
         self._prompt_rng = random.Random(cfg.seed)
         self.output_dir = Path(cfg.output_dir)
+        self.resumed_from: Path | None = None
+        if cfg.resume_from:
+            self.resume(cfg.resume_from)
 
     # ------------------------------------------------------------------------------------
     def _check_prompt_lengths(self, lm) -> None:
@@ -194,23 +236,61 @@ class PPOTrainer:
             out.append(self.train_prompts[self._prompt_order.pop()])
         return out
 
+    def _generator(self, stream: str, iteration: int | None = None) -> torch.Generator:
+        """A CPU generator for one purpose of one iteration, the same on every process."""
+        it = self.iteration if iteration is None else iteration
+        return torch.Generator().manual_seed((self.config.seed * 1_000_003 + it) * 8 + _STREAMS[stream])
+
+    def _shard(self, n: int) -> tuple[int, int]:
+        """The rows [lo, hi) of a global batch of n that this process handles."""
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        return rank * n // world, (rank + 1) * n // world
+
+    def _gather(self, tensor: torch.Tensor, pad_value=0, pad_first: bool = False) -> torch.Tensor:
+        """Concatenate every process's rows (after padding dim 1 to the longest)."""
+        if self.accelerator.num_processes == 1:
+            return tensor
+        if tensor.dim() > 1:
+            tensor = self.accelerator.pad_across_processes(tensor, dim=1, pad_index=pad_value, pad_first=pad_first)
+        return self.accelerator.gather(tensor)
+
     # ------------------------------------------------------------------------------------
     @torch.no_grad()
     def rollout(self, prompts: list[str]) -> Rollout:
-        """Sample `responses_per_prompt` responses per prompt and score them."""
+        """Sample `responses_per_prompt` responses per prompt and score them.
+
+        Each process samples and scores its share; the returned rollout is the whole batch.
+        The reward is checked for shape here; non-finite scores are left for `step` to handle.
+        """
         cfg, k = self.config, self.config.responses_per_prompt
         repeated = [p for p in prompts for _ in range(k)]
         group_ids = torch.arange(len(prompts)).repeat_interleave(k)
+        lo, hi = self._shard(len(repeated))
+        mine = repeated[lo:hi]
+        uniforms = torch.rand(len(repeated), cfg.max_new_tokens, generator=self._generator("sample"))[lo:hi]
+        stop_ids = [] if cfg.ignore_eos else self.stop_ids
         self.policy.eval()
         query_ids, query_mask, response_ids, mask = generate(
-            self.lm, self.tokenizer, repeated, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, self.stop_ids, self.device
+            self.lm, self.tokenizer, mine, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids, self.device, uniforms=uniforms
         )
         logprobs, ref_logprobs, values, entropy = score_tokens(
             self.policy, self.reference, self.critic, query_ids, query_mask, response_ids, mask, cfg.temperature
         )
         responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        scores = check_scores(self.reward_fn(repeated, responses), len(repeated), f"reward {self.reward_name}").to(self.device)
-        has_eos = torch.isin(response_ids, torch.tensor(self.stop_ids, device=self.device)).any(dim=1)
+        scores = check_scores(self.reward_fn(mine, responses), len(mine), f"reward {self.reward_name}", finite=False).to(self.device)
+        has_eos = torch.isin(response_ids, torch.tensor(stop_ids, dtype=torch.long, device=self.device)).any(dim=1)
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            pad = self.tokenizer.pad_token_id
+            responses = gather_object(responses)
+            query_ids = self._gather(query_ids, pad, pad_first=True)
+            query_mask = self._gather(query_mask, 0, pad_first=True)
+            response_ids = self._gather(response_ids, pad)
+            mask, logprobs, ref_logprobs, entropy = (self._gather(t) for t in (mask, logprobs, ref_logprobs, entropy))
+            values = self._gather(values) if values is not None else None
+            scores = self._gather(scores)
+            has_eos = self._gather(has_eos.long()).bool()
         return Rollout(repeated, responses, query_ids, query_mask, response_ids, mask, logprobs, ref_logprobs, values, entropy, scores, has_eos, group_ids.to(self.device))
 
     def advantages(self, ro: Rollout):
@@ -256,48 +336,106 @@ class PPOTrainer:
             metrics["loss/kl"] = kl.detach()
         return loss, metrics
 
+    def _no_sync(self, last: bool):
+        """Skip DDP's gradient all-reduce on every micro-batch but the last of a minibatch."""
+        if last or self.accelerator.num_processes == 1:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        for model in (self.policy, self.critic):
+            if model is not None:
+                stack.enter_context(self.accelerator.no_sync(model))
+        return stack
+
     def update(self, ro: Rollout, advantages, returns) -> dict[str, float]:
-        """ppo_epochs passes of shuffled minibatches; one optimizer step per minibatch."""
+        """ppo_epochs passes of shuffled minibatches; one optimizer step per minibatch.
+
+        An optimizer step whose gradient norm is not finite is skipped (the weights and the
+        optimizer state stay as they were); `self._skipped` records why.
+        """
         cfg = self.config
         n, mb, ga = len(ro), cfg.minibatch_size, cfg.gradient_accumulation_steps
-        micro = mb // ga
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        micro = mb // (ga * world)
         collected: dict[str, list[torch.Tensor]] = {}
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        shuffle = self._generator("shuffle")
         self.policy.train()
         for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(n, device=self.device)
+            order = torch.randperm(n, generator=shuffle).to(self.device)
             for start in range(0, n, mb):
-                minibatch = order[start : start + mb]
-                for j in range(0, mb, micro):
-                    loss, metrics = self._loss(ro, minibatch[j : j + micro], advantages, returns)
-                    self.accelerator.backward(loss / ga)
+                # this process's micro-batches of the global minibatch
+                mine = order[start : start + mb][rank * ga * micro : (rank + 1) * ga * micro]
+                step_metrics: dict[str, list[torch.Tensor]] = {}
+                for j in range(ga):
+                    with self._no_sync(last=j == ga - 1):
+                        loss, metrics = self._loss(ro, mine[j * micro : (j + 1) * micro], advantages, returns)
+                        self.accelerator.backward(loss / ga)
                     for key, value in metrics.items():
-                        collected.setdefault(key, []).append(value)
-                if cfg.max_grad_norm is not None:
-                    params = [p for group in self.optimizer.param_groups for p in group["params"]]
-                    norm = self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
-                    collected.setdefault("policy/grad_norm", []).append(torch.as_tensor(norm).detach().float())
+                        step_metrics.setdefault(key, []).append(value)
+                # The norm is taken after DDP's all-reduce, so every process sees the same value
+                # and makes the same skip decision.
+                norm = self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf)
+                norm = torch.as_tensor(norm).detach().float()
+                if not bool(torch.isfinite(norm)):
+                    bad = [k for k, vs in step_metrics.items() if not all(bool(torch.isfinite(v).all()) for v in vs)]
+                    self._skipped.append(("gradients", "policy/grad_norm", f"{norm.item()}" + (f"; non-finite: {', '.join(bad)}" if bad else "")))
+                    self.optimizer.zero_grad(set_to_none=True)
+                    continue
+                for key, values in step_metrics.items():
+                    collected.setdefault(key, []).extend(values)
+                collected.setdefault("policy/grad_norm", []).append(norm)
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
-        return {k: torch.stack([v.float() for v in vs]).mean().item() for k, vs in collected.items()}
+        keys = sorted(collected)
+        if not keys:
+            return {}
+        means = torch.stack([torch.stack([v.float() for v in collected[k]]).mean() for k in keys])
+        if world > 1:
+            means = self.accelerator.reduce(means, reduction="mean")
+        return dict(zip(keys, means.tolist()))
+
+    def _rollout_problems(self, ro: Rollout) -> list[tuple[str, str, str]]:
+        """(phase, metric, detail) for every non-finite quantity of a rollout."""
+        found = []
+        bad = ~torch.isfinite(ro.scores)
+        if bool(bad.any()):
+            rows = torch.nonzero(bad).flatten()[:5].tolist()
+            found.append(("reward", "reward/score_mean", f"reward {self.reward_name} returned {ro.scores[bad][:5].tolist()} for responses {rows}"))
+        real = ro.mask.bool()
+        for name, tensor in (("rollout/logprobs", ro.logprobs), ("rollout/ref_logprobs", ro.ref_logprobs), ("rollout/values", ro.values)):
+            if tensor is not None and not bool(torch.isfinite(tensor[real]).all()):
+                found.append(("rollout", name, "non-finite on real response tokens"))
+        return found
 
     def step(self) -> dict[str, float]:
-        """One PPO iteration; returns its metrics (fixed names, see the README)."""
+        """One PPO iteration; returns its metrics (fixed names, see the README).
+
+        Non-finite rewards, log-probs or values skip the whole update; non-finite gradients skip
+        that optimizer step. Either way a warning names the phase and the metric, and once
+        `max_bad_updates` updates have been skipped a `NonFiniteError` stops the run.
+        """
         cfg = self.config
         t0 = time.perf_counter()
         ro = self.rollout(self.next_prompts())
         t1 = time.perf_counter()
-        rewards, advantages, returns = self.advantages(ro)
         beta = self.kl_ctl.value
-        metrics = self.update(ro, advantages, returns)
+        self._skipped = self._rollout_problems(ro)
+        if self._skipped:
+            metrics, advantages = {}, None
+        else:
+            rewards, advantages, returns = self.advantages(ro)
+            metrics = self.update(ro, advantages, returns)
         t2 = time.perf_counter()
 
-        if self.penalty_ctl is not None:
-            metrics["policy/penalty_beta"] = self.penalty_ctl.value
-            self.penalty_ctl.update(metrics["policy/approx_kl"])
         kl_per_seq = (kl_penalty(ro.logprobs, ro.ref_logprobs, "k1") * ro.mask).sum(1)
         mean_kl = kl_per_seq.mean().item()
-        self.kl_ctl.update(mean_kl, len(ro))
+        bad_iteration = bool(self._skipped)
+        if not bad_iteration:
+            if self.penalty_ctl is not None:
+                metrics["policy/penalty_beta"] = self.penalty_ctl.value
+                self.penalty_ctl.update(metrics["policy/approx_kl"])
+            self.kl_ctl.update(mean_kl, len(ro))
         n_tokens = ro.mask.sum().item()
         self.iteration += 1
         metrics.update(
@@ -311,8 +449,9 @@ class PPOTrainer:
                 "objective/non_score_reward": (-beta * kl_per_seq).mean().item() if cfg.kl_in == "reward" else 0.0,
                 "objective/rlhf_reward": (ro.scores - beta * kl_per_seq).mean().item(),
                 "response/length_mean": ro.mask.sum(1).mean().item(),
-                "advantages/mean": masked_mean(advantages, ro.mask).item(),
+                "advantages/mean": masked_mean(advantages, ro.mask).item() if advantages is not None else math.nan,
                 "kl/coef": beta,
+                "train/skipped_updates": float(bad_iteration),
                 "time/rollout": t1 - t0,
                 "time/update": t2 - t1,
                 "perf/tokens_per_s": n_tokens / max(t2 - t0, 1e-9),
@@ -321,6 +460,20 @@ class PPOTrainer:
             }
         )
         self._last_rollout = ro
+        if bad_iteration:
+            self.bad_updates += 1
+            phase, metric, detail = self._skipped[0]
+            message = (
+                f"iteration {self.iteration}: update skipped ({self.bad_updates} of at most {cfg.max_bad_updates}): "
+                f"non-finite {phase} ({metric}: {detail})"
+            )
+            if self.bad_updates >= cfg.max_bad_updates:
+                last = ckpt.list_checkpoints(self.output_dir / "checkpoints")
+                where = f"; the last good checkpoint is {str(last[0])!r}" if last else ""
+                err = NonFiniteError(f"{message}. Stopping: PPOConfig.max_bad_updates = {cfg.max_bad_updates} reached{where}")
+                err.metrics = metrics
+                raise err
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
         return metrics
 
     # ------------------------------------------------------------------------------------
@@ -328,15 +481,17 @@ class PPOTrainer:
     def evaluate(self, n: int | None = None, seed: int | None = None) -> list[dict]:
         """Sample one response for each of the first `n` eval prompts and score it.
 
-        Runs on its own random stream (seeded), so evaluating does not change training.
+        Uses its own random draws (from `seed`, default config.seed), so evaluating does not
+        change training, and the same prompt gets the same draws at every evaluation.
         """
         cfg = self.config
         prompts = self.eval_prompts[: n or cfg.eval_prompts]
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            torch.manual_seed(cfg.seed + 1 if seed is None else seed)
-            _, _, response_ids, _ = generate(self.lm, self.tokenizer, prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, self.stop_ids, self.device)
+        draws = torch.Generator().manual_seed((cfg.seed if seed is None else seed) * 8 + _STREAMS["eval"])
+        uniforms = torch.rand(len(prompts), cfg.max_new_tokens, generator=draws)
+        stop_ids = [] if cfg.ignore_eos else self.stop_ids
+        _, _, response_ids, _ = generate(self.lm, self.tokenizer, prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids, self.device, uniforms=uniforms)
         responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        scores = check_scores(self.reward_fn(prompts, responses), len(prompts), f"reward {self.reward_name}")
+        scores = check_scores(self.reward_fn(prompts, responses), len(prompts), f"reward {self.reward_name}", finite=False)
         return [{"iteration": self.iteration, "prompt": p, "response": r, "score": s} for p, r, s in zip(prompts, responses, scores.tolist())]
 
     def train(self, iterations: int | None = None) -> list[dict]:
@@ -345,52 +500,178 @@ class PPOTrainer:
 
         cfg = self.config
         total = iterations if iterations is not None else cfg.total_iterations - self.iteration
-        if self.iteration == 0:
-            self._start_output_dir()
+        if not getattr(self, "_output_ready", False):
+            self._prepare_output_dir()
         if cfg.report_to and not getattr(self, "_trackers_started", False):
             self.accelerator.init_trackers("ppo_lab", config={k: v for k, v in cfg.to_dict().items() if v is not None})
             self._trackers_started = True
         bar = tqdm(range(total), desc="ppo", disable=not cfg.progress_bar or not self.accelerator.is_main_process, dynamic_ncols=True)
         for _ in bar:
-            metrics = self.step()
+            try:
+                metrics = self.step()
+            except NonFiniteError as err:
+                self._log(err.metrics)
+                raise
             if cfg.eval_interval and self.iteration % cfg.eval_interval == 0:
                 samples = self.evaluate()
                 metrics["eval/score_mean"] = sum(s["score"] for s in samples) / len(samples)
                 self._append("samples.jsonl", samples)
-            self.history.append(metrics)
-            if self.iteration % cfg.log_interval == 0:
-                self._append("metrics.jsonl", [metrics])
-                if cfg.report_to:
-                    self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=self.iteration)
+            self._log(metrics)
             bar.set_postfix(score=f"{metrics['reward/score_mean']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
-            if cfg.save_interval and self.iteration % cfg.save_interval == 0:
-                self.save(self.output_dir / f"policy-{self.iteration}")
+            if cfg.save_interval and self.iteration % cfg.save_interval == 0 and not metrics["train/skipped_updates"]:
+                self.save_checkpoint()
         if self.iteration >= cfg.total_iterations:
             self.save(self.output_dir / "policy")
         return self.history
 
-    def _start_output_dir(self) -> None:
-        """A fresh run never appends to (or silently deletes) another run's files."""
-        old = [self.output_dir / n for n in ("metrics.jsonl", "samples.jsonl") if (self.output_dir / n).exists()]
-        if old and not self.config.overwrite_output_dir:
-            raise ValueError(
-                f"output_dir {str(self.output_dir)!r} already holds a run ({old[0].name}); choose another "
-                "output_dir, or set overwrite_output_dir to replace it"
-            )
+    def _log(self, metrics: dict) -> None:
+        self.history.append(metrics)
+        if self.iteration % self.config.log_interval == 0:
+            self._append("metrics.jsonl", [metrics])
+            if self.config.report_to:
+                self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=self.iteration)
+
+    def _prepare_output_dir(self) -> None:
+        """A fresh run never appends to (or silently deletes) another run's files; a resumed
+        run keeps its logs up to the checkpoint and drops what came after it."""
+        logs = [self.output_dir / n for n in ("metrics.jsonl", "samples.jsonl") if (self.output_dir / n).exists()]
+        if self.iteration == 0 and self.resumed_from is None:
+            if logs and not self.config.overwrite_output_dir:
+                raise ValueError(
+                    f"output_dir {str(self.output_dir)!r} already holds a run ({logs[0].name}); choose another "
+                    "output_dir, set overwrite_output_dir to replace it, or set resume_from to continue it"
+                )
+            if self.accelerator.is_main_process:
+                for path in logs:
+                    path.unlink()
+        elif self.accelerator.is_main_process:
+            for path in logs:
+                rows = [line for line in path.read_text().splitlines() if line.strip()]
+                kept = [row for row in rows if json.loads(row).get("iteration", 0) <= self.iteration]
+                path.write_text("".join(row + "\n" for row in kept))
         if self.accelerator.is_main_process:
-            for path in old:
-                path.unlink()
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "config.yaml").write_text(_yaml(self.config.to_dict()))
+            ckpt.remove_partial(self.output_dir / "checkpoints")
+        self.accelerator.wait_for_everyone()
+        self._output_ready = True
 
+    # ------------------------------------------------------------------------------------
     def save(self, folder: str | Path) -> Path:
-        """Save the policy and tokenizer with `save_pretrained` (loadable as a hub model)."""
+        """Save the policy and tokenizer with `save_pretrained` (loadable as a hub model).
+
+        A LoRA policy is saved merged (base + adapter), so the folder loads without peft.
+        """
         folder = Path(folder)
         if self.accelerator.is_main_process:
+            lm = self.lm
+            if self.config.lora_r > 0:
+                from .lora import save_lora
+
+                save_lora(lm, folder, merged=True)
+            else:
+                with _quiet_transformers():
+                    lm.save_pretrained(folder)
             with _quiet_transformers():
-                self.lm.save_pretrained(folder)
                 self.tokenizer.save_pretrained(folder)
+        self.accelerator.wait_for_everyone()
         return folder
+
+    def _state(self) -> dict:
+        import numpy as np
+
+        np_state = np.random.get_state()
+        py_state = random.getstate()
+        return {
+            "iteration": self.iteration,
+            "bad_updates": self.bad_updates,
+            "kl_ctl": self.kl_ctl.state_dict(),
+            "penalty_ctl": self.penalty_ctl.state_dict() if self.penalty_ctl is not None else None,
+            "prompt_order": list(self._prompt_order),
+            "prompt_rng": _jsonable(self._prompt_rng.getstate()),
+            "python_random": _jsonable(py_state),
+            "numpy_random": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+            "history": self.history,
+            "config": self.config.to_dict(),
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Write a full checkpoint of the run to output_dir/checkpoints (see `ppo_lab.checkpoint`)."""
+        root = self.output_dir / "checkpoints"
+        path = root / ckpt.checkpoint_name(self.iteration)
+        if self.accelerator.is_main_process:
+            tensors = {"policy": self.accelerator.get_state_dict(self.policy)}
+            if self.critic is not None:
+                tensors["critic"] = self.accelerator.get_state_dict(self.critic)
+            rng = {"torch": torch.get_rng_state()}
+            if torch.cuda.is_available():
+                rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+            tensors["rng"] = rng
+            objects = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+            path = ckpt.save_checkpoint(root, self.iteration, tensors, objects, self._state(), keep=self.config.keep_checkpoints)
+        else:
+            self.accelerator.get_state_dict(self.policy)  # a collective under FSDP / ZeRO-3
+            if self.critic is not None:
+                self.accelerator.get_state_dict(self.critic)
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def resume(self, where: str | Path) -> Path:
+        """Load a checkpoint: a checkpoint folder, or "latest" in output_dir/checkpoints.
+
+        A checkpoint that fails verification is named in a warning and the previous one in the
+        same folder is used instead; with none left, ValueError.
+        """
+        import numpy as np
+
+        root = self.output_dir / "checkpoints" if str(where) == "latest" else Path(where).parent
+        if str(where) != "latest":
+            try:
+                ckpt.verify_checkpoint(where)
+                path = Path(where)
+            except ckpt.CheckpointError as err:
+                older = [p for p in ckpt.list_checkpoints(root) if _iteration_of(p) < _iteration_of(Path(where))]
+                warnings.warn(f"{err}; trying the previous checkpoint", stacklevel=2)
+                path = ckpt.latest_checkpoint_from(older)
+        else:
+            path = ckpt.latest_checkpoint(root)
+        if path is None:
+            raise ValueError(f"no valid checkpoint to resume from in {str(root)!r} (resume_from = {str(where)!r})")
+        tensors, objects, state = ckpt.load_checkpoint(path)
+        self._check_resume_config(state["config"], path)
+        self.accelerator.unwrap_model(self.policy).load_state_dict(tensors["policy"])
+        if self.critic is not None:
+            if "critic" not in tensors:
+                raise ValueError(f"checkpoint {str(path)!r} has no critic, but this run uses a separate critic")
+            self.accelerator.unwrap_model(self.critic).load_state_dict(tensors["critic"])
+        self.optimizer.load_state_dict(objects["optimizer"])
+        self.scheduler.load_state_dict(objects["scheduler"])
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        if self.penalty_ctl is not None and state["penalty_ctl"] is not None:
+            self.penalty_ctl.load_state_dict(state["penalty_ctl"])
+        self.iteration, self.bad_updates = state["iteration"], state["bad_updates"]
+        self.history = state["history"]
+        self._prompt_order = list(state["prompt_order"])
+        self._prompt_rng.setstate(_tupled(state["prompt_rng"]))
+        random.setstate(_tupled(state["python_random"]))
+        kind, keys, *rest = state["numpy_random"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
+        torch.set_rng_state(tensors["rng"]["torch"])
+        if torch.cuda.is_available():
+            cuda = [tensors["rng"][k] for k in sorted(tensors["rng"]) if k.startswith("cuda")]
+            if len(cuda) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(cuda)
+        self.resumed_from = path
+        return path
+
+    def _check_resume_config(self, saved: dict, path: Path) -> None:
+        """Warn when the run being resumed was configured differently where it matters."""
+        free = {"total_iterations", "resume_from", "output_dir", "overwrite_output_dir", "progress_bar", "log_interval", "eval_interval", "eval_prompts", "save_interval", "keep_checkpoints", "max_bad_updates", "report_to"}
+        now = self.config.to_dict()
+        changed = sorted(k for k in now if k not in free and k in saved and saved[k] != now[k])
+        if changed:
+            detail = ", ".join(f"{k}: {saved[k]!r} -> {now[k]!r}" for k in changed)
+            warnings.warn(f"resuming {str(path)!r} with a different configuration ({detail}); the run will not match an unbroken one", stacklevel=3)
 
     def _append(self, name: str, rows: list[dict]) -> None:
         if not self.accelerator.is_main_process:
@@ -398,6 +679,20 @@ class PPOTrainer:
         with open(self.output_dir / name, "a") as fh:
             for row in rows:
                 fh.write(json.dumps({k: _json_value(v) for k, v in row.items()}) + "\n")
+
+
+def _iteration_of(path: Path) -> int:
+    digits = "".join(ch for ch in path.name.split(".")[0] if ch.isdigit())
+    return int(digits) if digits else -1
+
+
+def _jsonable(state):
+    """random.getstate() -> nested lists (JSON has no tuples)."""
+    return [list(x) if isinstance(x, tuple) else x for x in state]
+
+
+def _tupled(state):
+    return tuple(tuple(x) if isinstance(x, list) else x for x in state)
 
 
 def peak_memory_mb(device) -> float:

@@ -47,8 +47,14 @@ def test_invalid_values_name_the_field(kwargs, match):
 def test_processes_must_divide_the_minibatch():
     cfg = PPOConfig(rollout_batch_size=48, minibatch_size=12)
     cfg.check_divisibility(processes=4)
-    with pytest.raises(ValueError, match=r"minibatch_size = 12 is not divisible by the number of processes = 8"):
+    with pytest.raises(ValueError, match=r"minibatch_size = 12 is not divisible by gradient_accumulation_steps x processes = 8"):
         cfg.check_divisibility(processes=8)
+    accumulating = PPOConfig(rollout_batch_size=48, minibatch_size=12, gradient_accumulation_steps=3)
+    accumulating.check_divisibility(processes=2)
+    with pytest.raises(ValueError, match=r"minibatch_size = 12 is not divisible by gradient_accumulation_steps x processes = 9"):
+        accumulating.check_divisibility(processes=3)
+    with pytest.raises(ValueError, match=r"rollout_batch_size = 48 is not divisible by the number of processes = 5"):
+        PPOConfig(rollout_batch_size=48, minibatch_size=48, gradient_accumulation_steps=1).check_divisibility(processes=5)
 
 
 def test_yaml_with_overrides(tmp_path):

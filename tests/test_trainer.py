@@ -126,7 +126,7 @@ def test_evaluation_does_not_disturb_training(tiny_path, tmp_path):
 def test_an_existing_run_is_never_overwritten_by_accident(tiny_path, tmp_path):
     PPOTrainer(small_config(tmp_path, total_iterations=1)).train()
     first = (tmp_path / "run" / "metrics.jsonl").read_text()
-    with pytest.raises(ValueError, match=r"already holds a run \(metrics.jsonl\); choose another output_dir, or set overwrite_output_dir"):
+    with pytest.raises(ValueError, match=r"already holds a run \(metrics.jsonl\); choose another output_dir, set overwrite_output_dir"):
         PPOTrainer(small_config(tmp_path, total_iterations=1)).train()
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == first
     PPOTrainer(small_config(tmp_path, total_iterations=1, overwrite_output_dir=True)).train()

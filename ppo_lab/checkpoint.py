@@ -1,0 +1,233 @@
+"""Checkpoints that survive being killed: atomic, verified, safe to load.
+
+Chapter 9 (Scaling up) reads this module. A checkpoint is a folder
+
+    checkpoints/checkpoint-000040/
+        policy.safetensors, critic.safetensors, rng.safetensors   tensors (safetensors)
+        optimizer.pt, scheduler.pt                                 state dicts (torch.save)
+        trainer_state.json                                         step, KL controllers, RNG, history
+        manifest.json                                              size and sha256 of every file
+
+and three rules make it trustworthy:
+
+1. Atomic. Everything is written into `checkpoint-000040.tmp-<pid>/`, flushed to disk, and the
+   folder is renamed to its final name only when complete; `manifest.json` is the last file
+   written. A process killed at any moment leaves either the new checkpoint or none, and the
+   previous one is never touched. Old ones are deleted only after the new one is in place.
+2. Verified. Loading checks every file against the manifest (size, then sha256), so a truncated
+   or corrupted checkpoint is found and named, and `latest_checkpoint` falls back to the
+   previous one with a warning.
+3. Safe. Weights are safetensors (no code runs on load); the optimizer and scheduler state dicts
+   go through `torch.load(weights_only=True)`, which refuses anything but tensors and plain
+   containers; the rest is JSON.
+
+Tied weights (GPT-2's `lm_head.weight` is `transformer.wte.weight`) are stored once; the alias
+is recorded in the manifest and restored on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that is incomplete, corrupted, or not a checkpoint."""
+
+
+def checkpoint_name(iteration: int) -> str:
+    return f"checkpoint-{iteration:06d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems do not allow opening a directory
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _dedupe(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Contiguous CPU copies, one per storage; `aliases` maps a dropped name to the kept one."""
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    for name, tensor in state_dict.items():
+        t = tensor.detach()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+        if key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        kept[name] = t.to("cpu").contiguous()
+    return kept, aliases
+
+
+def _write_file(path: Path, write) -> None:
+    """Write one file through `write(path)` and flush it to disk."""
+    write(path)
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+def save_checkpoint(
+    root: str | Path,
+    iteration: int,
+    tensors: dict[str, dict[str, torch.Tensor]],
+    objects: dict[str, object],
+    state: dict,
+    keep: int | None = None,
+) -> Path:
+    """Write checkpoint `iteration` under `root` atomically; keep the newest `keep` ones.
+
+    Args:
+        root: the folder holding the checkpoints (created if missing).
+        iteration: the step number, in the folder name.
+        tensors: name -> state dict, each written as `name.safetensors`.
+        objects: name -> state dict of tensors and plain containers (optimizer, scheduler),
+            each written as `name.pt` and read back with `weights_only=True`.
+        state: JSON-serialisable trainer state, written as `trainer_state.json`.
+        keep: delete all but the newest `keep` complete checkpoints afterwards (None: keep all).
+
+    Returns:
+        The final folder.
+    """
+    from safetensors.torch import save_file
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(iteration)
+    tmp = root / f"{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    manifest: dict = {"format": 1, "iteration": iteration, "files": {}, "aliases": {}}
+    for name, sd in tensors.items():
+        kept, aliases = _dedupe(sd)
+        manifest["aliases"][name] = aliases
+        _write_file(tmp / f"{name}.safetensors", lambda p, kept=kept: save_file(kept, str(p)))
+    for name, obj in objects.items():
+        _write_file(tmp / f"{name}.pt", lambda p, obj=obj: torch.save(obj, p))
+    _write_file(tmp / "trainer_state.json", lambda p: p.write_text(json.dumps(state)))
+    for path in sorted(tmp.iterdir()):
+        manifest["files"][path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    _write_file(tmp / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1)))
+    _fsync_dir(tmp)
+    if final.exists():  # an older checkpoint of the same iteration (a re-run): replace it
+        old = root / f"{final.name}.old-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    _fsync_dir(root)
+    if keep is not None:
+        for stale in list_checkpoints(root)[keep:]:
+            shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Checkpoint folders under `root`, newest first (temporary folders are not listed)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def remove_partial(root: str | Path) -> list[Path]:
+    """Delete the temporary folders left by writers that were killed; returns what was removed."""
+    root = Path(root)
+    gone = [p for p in root.glob("checkpoint-*.tmp-*") if p.is_dir()] if root.is_dir() else []
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return gone
+
+
+def verify_checkpoint(path: str | Path) -> dict:
+    """Check every file of a checkpoint against its manifest; returns the manifest.
+
+    Raises `CheckpointError` naming the first problem: no manifest (the write never finished),
+    a missing file, a wrong size (truncated), or a wrong sha256 (corrupted).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a folder")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: it has no {MANIFEST} (its write never finished)") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {str(path)!r} has an unreadable {MANIFEST} ({err})") from None
+    for name, meta in files.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {name} is missing")
+        if f.stat().st_size != meta["bytes"]:
+            raise CheckpointError(f"checkpoint {str(path)!r} is corrupted: {name} has {f.stat().st_size} bytes, the manifest says {meta['bytes']}")
+        if _sha256(f) != meta["sha256"]:
+            raise CheckpointError(f"checkpoint {str(path)!r} is corrupted: the sha256 of {name} does not match the manifest")
+    return manifest
+
+
+def load_checkpoint(path: str | Path) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, object], dict]:
+    """Verify and read a checkpoint: (tensors, objects, state), the three arguments of `save_checkpoint`."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    manifest = verify_checkpoint(path)
+    tensors, objects = {}, {}
+    for name in manifest["files"]:
+        stem, suffix = name.rsplit(".", 1)
+        if suffix == "safetensors":
+            sd = load_file(str(path / name))
+            for alias, target in manifest["aliases"].get(stem, {}).items():
+                sd[alias] = sd[target]
+            tensors[stem] = sd
+        elif suffix == "pt":
+            # weights_only: a checkpoint from elsewhere cannot run code when it is loaded
+            objects[stem] = torch.load(path / name, map_location="cpu", weights_only=True)
+    state = json.loads((path / "trainer_state.json").read_text())
+    return tensors, objects, state
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest checkpoint under `root` that verifies; each bad newer one is warned about."""
+    return latest_checkpoint_from(list_checkpoints(root))
+
+
+def latest_checkpoint_from(candidates: list[Path]) -> Path | None:
+    """The first of `candidates` (newest first) that verifies, warning about each one that does not."""
+    for path in candidates:
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as err:
+            warnings.warn(f"{err}; using the previous checkpoint", stacklevel=2)
+            continue
+        return path
+    return None
