@@ -1,0 +1,34 @@
+"""Run by tests/test_distributed.py under `accelerate launch`: a short PPO run, results to JSON."""
+
+import json
+import sys
+
+import torch
+
+from ppo_lab import PPOConfig, PPOTrainer
+
+
+def run(output_dir: str, accumulation: int) -> dict:
+    torch.set_num_threads(1)
+    cfg = PPOConfig(
+        rollout_batch_size=16, minibatch_size=8, ppo_epochs=2, max_new_tokens=8, total_iterations=2,
+        eval_interval=0, progress_bar=False, output_dir=output_dir, overwrite_output_dir=True,
+        gradient_accumulation_steps=accumulation, lr_schedule="linear", kl_control="adaptive", kl_horizon=64,
+    )
+    trainer = PPOTrainer(cfg)
+    history = trainer.train()
+    weights = trainer.accelerator.unwrap_model(trainer.policy).state_dict()
+    return {
+        "processes": trainer.accelerator.num_processes,
+        "history": history,
+        "kl_coef": trainer.kl_ctl.value,
+        "weights": {k: v.double().sum().item() for k, v in weights.items()},
+        "is_main": trainer.accelerator.is_main_process,
+    }
+
+
+if __name__ == "__main__":
+    result = run(sys.argv[1], int(sys.argv[2]))
+    if result.pop("is_main"):
+        with open(sys.argv[3], "w") as fh:
+            json.dump(result, fh)

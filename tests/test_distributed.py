@@ -1,0 +1,53 @@
+"""Two processes under `accelerate launch` (CPU, gloo) compute the same run as one process."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import stable
+
+HERE = Path(__file__).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(600)
+def test_two_processes_equal_one_with_the_same_global_batch(tiny_path, tmp_path):
+    sys.path.insert(0, str(HERE))
+    from distributed_run import run
+
+    # 2 processes x 1 micro-batch per minibatch == 1 process x 2 micro-batches: same global
+    # rollout (16), minibatch (8) and micro-batch (4), same seed.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(HERE.parent)}
+    out = tmp_path / "two.json"
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(_free_port()), str(HERE / "distributed_run.py"), str(tmp_path / "run2"), "1", str(out),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads(out.read_text())
+    one = run(str(tmp_path / "run1"), 2)
+
+    assert two["processes"] == 2 and one["processes"] == 1
+    # metrics are reduced over processes: the losses, clip fractions, whitened advantages, KL
+    # and the adaptive controller agree with the single process to float32 round-off
+    assert len(two["history"]) == len(one["history"]) == 2
+    for a, b in zip(one["history"], two["history"]):
+        a, b = stable(a), stable(b)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert two["kl_coef"] == pytest.approx(one["kl_coef"], rel=1e-6)
+    for name, value in one["weights"].items():
+        assert two["weights"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
