@@ -106,6 +106,11 @@ class PPOTrainer:
         if cfg.precision == "fp16" and not torch.cuda.is_available():
             raise ValueError("PPOConfig.precision = 'fp16' needs a CUDA GPU; use 'fp32' or 'bf16' on the CPU")
         log_with = [t.strip() for t in cfg.report_to.split(",")] if cfg.report_to else None
+        from accelerate.state import AcceleratorState
+
+        # accelerate keeps one global state per process; a second trainer in the same notebook
+        # with another precision would be refused. The process group (PartialState) is kept.
+        AcceleratorState._reset_state(reset_partial_state=False)
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
             mixed_precision="no" if cfg.precision == "fp32" else cfg.precision,
@@ -163,8 +168,7 @@ class PPOTrainer:
         if cfg.gradient_checkpointing:
             for model in (lm, self.critic.backbone if self.critic is not None else None):
                 if model is not None:
-                    # non-reentrant: works with frozen inputs (LoRA) and with no_grad generation
-                    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                    enable_checkpointing(model)
 
         # --- optimisation ---------------------------------------------------------------
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -693,6 +697,16 @@ def _jsonable(state):
 
 def _tupled(state):
     return tuple(tuple(x) if isinstance(x, list) else x for x in state)
+
+
+def enable_checkpointing(model) -> None:
+    """Turn on activation (gradient) checkpointing in a transformers model, non-reentrant:
+    that variant works with frozen inputs (LoRA) and is inactive in no-grad generation."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def peak_memory_mb(device) -> float:
