@@ -1,6 +1,8 @@
 # PPO Lab: two commands do all the set-up.
 #   make book   build the executed book into _build/html (creates .venv on first use)
 #   make test   run every test: unit tests, nbval on the chapters, a clean -W -n build of the book
+#   make bench  speed benchmark against TRL's PPOTrainer (creates .venv-bench on first use;
+#               see benchmarks/README.md)
 # For authors:
 #   make twins  regenerate the chapters' .ipynb twins from their .md sources and execute them
 PYTHON ?= python3
@@ -13,7 +15,7 @@ TWINS  := $(PY) book/_scripts/twins.py
 # needs its inline backend, and matplotlib falls back to Agg by itself without a display.)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: book test install twins clean
+.PHONY: book test install twins bench clean
 
 install: $(STAMP)
 
@@ -46,6 +48,22 @@ test: $(STAMP)
 
 twins: $(STAMP)
 	$(TWINS) sync
+
+# The benchmark has its own venv: TRL 1.12 and its extra dependencies stay out of .venv.
+# torch goes first so that pip never resolves it to a CUDA build.
+BENCH_VENV  := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_ARGS  ?=
+
+$(BENCH_STAMP): requirements.txt benchmarks/requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "PPO Lab needs Python 3.10 or newer; found " + sys.version.split()[0] + " (set PYTHON=/path/to/python3.x)")'
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(BENCH_VENV)/bin/python -m pip install --quiet -r benchmarks/requirements.txt -e .
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python benchmarks/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf _build
