@@ -58,6 +58,7 @@ class PPOConfig:
     top_k: int = _f(0, "Sample from the k most likely tokens only (0 = off). Makes the PPO ratio approximate.")
     top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off). Makes the PPO ratio approximate.")
     stop_token: str | None = _f(None, "An extra token that ends a response, besides EOS.")
+    old_logprobs: str = _f("auto", "Where the rollout's log-probs (and a shared value head's values) come from: the logits the tokens were sampled from (no extra forward), a separate forward pass, or auto: sampling in fp32, forward in bf16/fp16.", ("auto", "sampling", "forward"))
     ignore_eos: bool = _f(False, "Never stop a response: sample exactly max_new_tokens tokens, all of them real (for benchmarks).")
     # --- batches -------------------------------------------------------------------------
     rollout_batch_size: int = _f(64, "Responses sampled per PPO iteration (global: each of N processes samples rollout_batch_size / N).")

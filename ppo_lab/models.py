@@ -146,9 +146,13 @@ class PolicyWithValueHead(nn.Module):
         super().__init__()
         self.lm = lm
         self.v_head = new_value_head(_hidden_size(lm.config))
+        from .rollout import supports_logits_to_keep
 
-    def forward(self, input_ids, attention_mask, position_ids):
-        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=True)
+        self.accepts_logits_to_keep = supports_logits_to_keep(lm)
+
+    def forward(self, input_ids, attention_mask, position_ids, **kwargs):
+        """(logits, values): values for every position; `logits_to_keep` (if given) trims the logits only."""
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=True, **kwargs)
         values = self.v_head(out.hidden_states[-1].to(self.v_head.weight.dtype)).squeeze(-1)  # (B, L)
         return out.logits, values
 

@@ -59,14 +59,61 @@ def full_sequence(query_ids, query_mask, response_ids, mask):
 
 
 def response_logits(model, query_ids, query_mask, response_ids, mask):
-    """(B, R, V) logits that predict each response token (from the position before it)."""
+    """(B, R, V) logits that predict each response token (from the position before it).
+
+    The LM head runs on those R positions only when the model supports `logits_to_keep`
+    (transformers' causal LMs do): the prompt's logits would be computed and thrown away.
+    """
     input_ids, attention, position_ids = full_sequence(query_ids, query_mask, response_ids, mask)
-    p = query_ids.shape[1]
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids)
+    p, r = query_ids.shape[1], response_ids.shape[1]
+    if supports_logits_to_keep(model):
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, logits_to_keep=r + 1)
+    else:
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids)
     logits = out[0] if isinstance(out, tuple) else out.logits
     values = out[1] if isinstance(out, tuple) else None
-    logits = logits[:, p - 1 : -1]
+    logits = logits[:, -(r + 1) : -1]  # the position before each response token
     return logits, (values[:, p - 1 : -1] if values is not None else None)
+
+
+def _unwrap(model, attribute: str):
+    """The first of `model` and the models it wraps (DDP, torch.compile, peft) that has `attribute`."""
+    seen = set()
+    while model is not None and id(model) not in seen:
+        seen.add(id(model))
+        if hasattr(model, attribute):
+            return model
+        model = _inner(model)
+    return None
+
+
+def supports_logits_to_keep(model) -> bool:
+    """Whether `model` (possibly wrapped by DDP, torch.compile or peft) takes `logits_to_keep`."""
+    import inspect
+
+    flagged = _unwrap(model, "accepts_logits_to_keep")
+    if flagged is not None:
+        return bool(flagged.accepts_logits_to_keep)
+    base = model
+    while True:
+        inner = _inner(base)
+        if inner is None:
+            break
+        base = inner
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _inner(model):
+    modules = vars(model).get("_modules", {})
+    inner = modules.get("module") or modules.get("_orig_mod")
+    if inner is None and hasattr(model, "get_base_model"):
+        inner = model.get_base_model()
+        if inner is model:
+            return None
+    return inner
 
 
 def critic_values(critic, query_ids, query_mask, response_ids, mask):
@@ -105,14 +152,34 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
     return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=z.shape[-1] - 1)
 
 
+@dataclass
+class Sample:
+    """What the sampling loop returns (all (B, R) unless noted)."""
+
+    query_ids: torch.Tensor  # (B, P)
+    query_mask: torch.Tensor  # (B, P)
+    response_ids: torch.Tensor
+    mask: torch.Tensor
+    logprobs: torch.Tensor | None = None  # log pi(token) at the temperature, from the sampling logits
+    entropy: torch.Tensor | None = None
+    values: torch.Tensor | None = None  # from `value_head` on the hidden state that chose each token
+
+
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int, top_p: float, stop_ids: list[int], device, *, uniforms: torch.Tensor | None = None):
-    """Sample one response per prompt with the KV cache; returns (query_ids, query_mask, response_ids, mask).
+def sample(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int, top_p: float, stop_ids: list[int], device, *, uniforms: torch.Tensor | None = None, with_logprobs: bool = False, value_head=None) -> Sample:
+    """Sample one response per prompt with the KV cache.
 
     A plain sampling loop rather than `model.generate`: one forward per new token on the cached
     keys and values, tokens drawn with `sample_tokens`. It stops when every row has produced a
     stop token (`stop_ids`; an empty list samples exactly `max_new_tokens` tokens, as benchmarks
     do). `uniforms` (B, max_new_tokens) fixes the random draws (default: from torch's generator).
+
+    With `with_logprobs`, the log-prob and entropy of every sampled token are taken from the very
+    logits it was sampled from (at the temperature, before top-k / top-p), which saves the
+    policy's scoring forward; `value_head` (a module mapping hidden states to values) does the
+    same for a value head on the policy's backbone. In float32 they agree with a full forward
+    to round-off (tested); in bf16 the cached and the full forward differ more, which is why
+    the trainer recomputes them there (`PPOConfig.old_logprobs`).
     """
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
     query_ids, query_mask = enc["input_ids"], enc["attention_mask"]
@@ -125,39 +192,64 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperat
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
     positions = (query_mask.cumsum(dim=1) - 1).clamp(min=0)
     attention = query_mask
-    out = model(input_ids=query_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+    hidden = value_head is not None
+    keep = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
+    out = model(input_ids=query_ids, attention_mask=attention, position_ids=positions, use_cache=True, output_hidden_states=hidden, **keep)
     last = positions[:, -1:]
     done = torch.zeros(batch, dtype=torch.bool, device=device)
-    tokens = []
+    tokens, logprobs, entropy, values = [], [], [], []
     for t in range(max_new_tokens):
-        token = sample_tokens(out.logits[:, -1, :], uniforms[:, t], temperature, top_k, top_p)
+        logits = out.logits[:, -1, :]
+        token = sample_tokens(logits, uniforms[:, t], temperature, top_k, top_p)
         tokens.append(token)
+        if with_logprobs:
+            z = logits.float() / temperature
+            norm = torch.logsumexp(z, dim=-1)
+            logprobs.append(z.gather(-1, token[:, None]).squeeze(-1) - norm)
+            entropy.append(norm - (torch.softmax(z, dim=-1) * z).sum(-1))
+        if hidden:
+            state = out.hidden_states[-1][:, -1]
+            values.append(value_head(state.to(value_head.weight.dtype)).squeeze(-1).float())
         done = done | torch.isin(token, stops)
         if t == max_new_tokens - 1 or bool(done.all()):
             break
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         last = last + 1
-        out = model(input_ids=token[:, None], attention_mask=attention, position_ids=last, past_key_values=out.past_key_values, use_cache=True)
+        out = model(input_ids=token[:, None], attention_mask=attention, position_ids=last, past_key_values=out.past_key_values, use_cache=True, output_hidden_states=hidden)
     response_ids = torch.stack(tokens, dim=1)
     mask = response_mask(response_ids, list(stop_ids) or None)
-    # Anything after the stop token is replaced by pad.
+    # Anything after the stop token is replaced by pad, and its statistics by 0.
     response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
-    return query_ids, query_mask, response_ids, mask
+    stacked = [torch.stack(x, dim=1) * mask if x else None for x in (logprobs, entropy, values)]
+    return Sample(query_ids, query_mask, response_ids, mask, *stacked)
+
+
+def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int, top_p: float, stop_ids: list[int], device, *, uniforms: torch.Tensor | None = None):
+    """Sample one response per prompt; returns (query_ids, query_mask, response_ids, mask). See `sample`."""
+    s = sample(model, tokenizer, prompts, max_new_tokens, temperature, top_k, top_p, stop_ids, device, uniforms=uniforms)
+    return s.query_ids, s.query_mask, s.response_ids, s.mask
 
 
 @torch.no_grad()
-def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids, mask, temperature):
+def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids, mask, temperature, *, logprobs=None, entropy=None, values=None):
     """Old log-probs, reference log-probs, values and entropy of the sampled tokens.
 
     `critic` is None when the policy carries the value head (its forward returns values too).
+    Whatever the sampling loop already computed (`logprobs` with `entropy`, `values`) is used
+    as given, and a forward that would only recompute it is skipped.
     """
-    logits, values = response_logits(policy, query_ids, query_mask, response_ids, mask)
-    logprobs = logprobs_from_logits(logits, response_ids, temperature)
-    entropy = entropy_from_logits(logits, temperature)
-    del logits
+    need_values = critic is None and values is None and _unwrap(policy, "v_head") is not None
+    if logprobs is None or need_values:
+        logits, head_values = response_logits(policy, query_ids, query_mask, response_ids, mask)
+        if logprobs is None:
+            logprobs = logprobs_from_logits(logits, response_ids, temperature)
+            entropy = entropy_from_logits(logits, temperature)
+        if need_values:
+            values = head_values
+        del logits
     ref_logits, _ = response_logits(reference, query_ids, query_mask, response_ids, mask)
     ref_logprobs = logprobs_from_logits(ref_logits, response_ids, temperature)
     del ref_logits
-    if critic is not None:
+    if critic is not None and values is None:
         values = critic_values(critic, query_ids, query_mask, response_ids, mask)
     return logprobs, ref_logprobs, (values.float() if values is not None else None), entropy

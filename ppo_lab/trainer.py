@@ -67,7 +67,7 @@ from .models import (
     make_reference,
 )
 from .rewards import check_scores, load_reward
-from .rollout import Rollout, critic_values, generate, response_logits, score_tokens
+from .rollout import Rollout, critic_values, generate, response_logits, sample, score_tokens
 from .shaping import adjust_scores, shape_rewards
 from .value import clipped_value_loss
 
@@ -193,6 +193,9 @@ class PPOTrainer:
         else:
             self.kl_ctl = FixedKLController(cfg.kl_coef)
         self.estimator = get_advantage_estimator(cfg.advantage_estimator)
+        # Old log-probs from the sampling logits save a forward; in half precision the cached
+        # and the full forward disagree by ~1e-2 nats, so they are recomputed there.
+        self.old_logprobs_from = cfg.old_logprobs if cfg.old_logprobs != "auto" else ("sampling" if cfg.precision == "fp32" else "forward")
         # PPO-penalty's beta (KL to the *old* policy) is separate from the reference-KL coefficient.
         self.penalty_ctl = PPOPenaltyKLController(cfg.penalty_beta, cfg.penalty_kl_target) if cfg.policy_loss == "kl_penalty" else None
 
@@ -258,6 +261,23 @@ class PPOTrainer:
             tensor = self.accelerator.pad_across_processes(tensor, dim=1, pad_index=pad_value, pad_first=pad_first)
         return self.accelerator.gather(tensor)
 
+    def _full_weights(self):
+        """The sampling loop calls the bare LM, so sharded weights (FSDP, ZeRO-3) are gathered
+        for it; under DDP or on one device there is nothing to do."""
+        from accelerate.utils import DistributedType
+
+        kind = self.accelerator.distributed_type
+        if kind == DistributedType.FSDP:
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            return FullyShardedDataParallel.summon_full_params(self.policy, writeback=False)
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if kind == DistributedType.DEEPSPEED and plugin is not None and plugin.zero_stage == 3:
+            import deepspeed
+
+            return deepspeed.zero.GatheredParameters(list(self.lm.parameters()))
+        return contextlib.nullcontext()
+
     # ------------------------------------------------------------------------------------
     @torch.no_grad()
     def rollout(self, prompts: list[str]) -> Rollout:
@@ -274,11 +294,18 @@ class PPOTrainer:
         uniforms = torch.rand(len(repeated), cfg.max_new_tokens, generator=self._generator("sample"))[lo:hi]
         stop_ids = [] if cfg.ignore_eos else self.stop_ids
         self.policy.eval()
-        query_ids, query_mask, response_ids, mask = generate(
-            self.lm, self.tokenizer, mine, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids, self.device, uniforms=uniforms
-        )
+        from_sampling = self.old_logprobs_from == "sampling"
+        policy = self.accelerator.unwrap_model(self.policy)
+        value_head = policy.v_head if from_sampling and isinstance(policy, PolicyWithValueHead) else None
+        with self._full_weights():
+            drawn = sample(
+                self.lm, self.tokenizer, mine, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids, self.device,
+                uniforms=uniforms, with_logprobs=from_sampling, value_head=value_head,
+            )
+        query_ids, query_mask, response_ids, mask = drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask
         logprobs, ref_logprobs, values, entropy = score_tokens(
-            self.policy, self.reference, self.critic, query_ids, query_mask, response_ids, mask, cfg.temperature
+            self.policy, self.reference, self.critic, query_ids, query_mask, response_ids, mask, cfg.temperature,
+            logprobs=drawn.logprobs, entropy=drawn.entropy, values=drawn.values,
         )
         responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         scores = check_scores(self.reward_fn(mine, responses), len(mine), f"reward {self.reward_name}", finite=False).to(self.device)
@@ -493,7 +520,8 @@ class PPOTrainer:
         draws = torch.Generator().manual_seed((cfg.seed if seed is None else seed) * 8 + _STREAMS["eval"])
         uniforms = torch.rand(len(prompts), cfg.max_new_tokens, generator=draws)
         stop_ids = [] if cfg.ignore_eos else self.stop_ids
-        _, _, response_ids, _ = generate(self.lm, self.tokenizer, prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids, self.device, uniforms=uniforms)
+        with self._full_weights():
+            _, _, response_ids, _ = generate(self.lm, self.tokenizer, prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids, self.device, uniforms=uniforms)
         responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         scores = check_scores(self.reward_fn(prompts, responses), len(prompts), f"reward {self.reward_name}", finite=False)
         return [{"iteration": self.iteration, "prompt": p, "response": r, "score": s} for p, r, s in zip(prompts, responses, scores.tolist())]

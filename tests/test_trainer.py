@@ -4,6 +4,8 @@ import math
 import pytest
 import torch
 
+import ppo_lab
+
 from conftest import small_config, stable
 from ppo_lab.trainer import PPOTrainer
 
@@ -41,8 +43,9 @@ def test_metrics_file_has_every_required_name(tiny_path, tmp_path):
 
 
 def test_the_first_update_step_is_on_policy(tiny_path, tmp_path):
-    """Before any optimizer step, the policy's log-probs equal the rollout's: ratio 1 exactly."""
-    trainer = PPOTrainer(small_config(tmp_path))
+    """Before any optimizer step, the policy's log-probs equal the rollout's: ratio 1 exactly
+    when the rollout's log-probs come from the same forward as the update's."""
+    trainer = PPOTrainer(small_config(tmp_path, old_logprobs="forward"))
     ro = trainer.rollout(trainer.next_prompts())
     _, advantages, returns = trainer.advantages(ro)
     with torch.no_grad():
@@ -50,6 +53,32 @@ def test_the_first_update_step_is_on_policy(tiny_path, tmp_path):
     assert metrics["policy/approx_kl"].item() == 0.0
     assert metrics["policy/clipfrac"].item() == 0.0
     assert metrics["policy/ratio_min"].item() == metrics["policy/ratio_max"].item() == 1.0
+
+
+@pytest.mark.parametrize("critic", ["separate", "shared"])
+def test_log_probs_and_values_from_the_sampling_loop_match_a_forward(tiny_path, tmp_path, critic):
+    """The default in fp32: the rollout's log-probs, entropies and (shared head) values come from
+    the sampling loop; they agree with a full forward to float32 round-off, so the first step
+    is on-policy to ~1e-6."""
+    trainer = PPOTrainer(small_config(tmp_path, critic=critic))
+    assert trainer.old_logprobs_from == "sampling"
+    if critic == "shared":  # a head that is not zero, so the values say something
+        torch.nn.init.normal_(trainer.accelerator.unwrap_model(trainer.policy).v_head.weight)
+    ro = trainer.rollout(trainer.next_prompts())
+    lp, _, values, entropy = ppo_lab.rollout.score_tokens(
+        trainer.policy, trainer.reference, trainer.critic, ro.query_ids, ro.query_mask, ro.response_ids, ro.mask, 1.0
+    )
+    real = ro.mask.bool()
+    torch.testing.assert_close(ro.logprobs[real], lp[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ro.entropy[real], entropy[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ro.values[real], values[real], atol=1e-5, rtol=1e-5)
+    if critic == "shared":
+        assert values[real].abs().max() > 1e-2
+    _, advantages, returns = trainer.advantages(ro)
+    with torch.no_grad():
+        _, metrics = trainer._loss(ro, torch.arange(8), advantages, returns)
+    assert metrics["policy/clipfrac"].item() == 0.0
+    assert abs(metrics["policy/ratio_min"].item() - 1) < 1e-5 and abs(metrics["policy/ratio_max"].item() - 1) < 1e-5
 
 
 def test_training_changes_the_policy_not_the_reference(tiny_path, tmp_path):
