@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Where one ppo_lab PPO update spends its time, next to the floor's equivalent pieces.
 
-Builds the benchmark's workload (workload.py) and a `ppo_lab.PPOTrainer` the way
-ppo_lab_run.py does, runs `--warmup` iterations, then times `--iterations` iterations with
-wall-clock timers wrapped around the functions the trainer calls (a timer includes whatever
-it calls, so nested rows are parts of their parent row):
+Builds the benchmark's workload (workload.py), a `ppo_lab.PPOTrainer` the way ppo_lab_run.py
+does and the floor of floor.py, then runs one iteration of each in turn (`--warmup` pairs, then
+`--iterations` timed pairs, so that the machine's drifts hit both alike), with wall-clock timers
+wrapped around the functions they call (a timer includes whatever it calls, so nested rows are
+parts of their parent row):
 
   rollout      model.generate, prompt tokenization, the policy / reference / critic scoring
                forwards, log-probs, entropy, decode, the reward's re-tokenize and forward
@@ -154,7 +155,10 @@ def instrument_ppo_lab(trainer, timers: Timers):
 
     # rollout ---------------------------------------------------------------------------------
     trainer.rollout = T("rollout", trainer.rollout)
-    trainer_mod.generate = T("rollout/generate", trainer_mod.generate)
+    if hasattr(trainer_mod, "sample"):  # ppo_lab >= 7161211: the loop may also return log-probs and values
+        trainer_mod.sample = T("rollout/generate", trainer_mod.sample)
+    else:
+        trainer_mod.generate = T("rollout/generate", trainer_mod.generate)
     lm = trainer.lm
     if hasattr(rollout_mod, "sample_tokens"):  # ppo_lab's own sampling loop
         lm.forward = T(lambda *a, **k: "rollout/generate/model forward (KV cache)" if k.get("use_cache") else None,
@@ -227,16 +231,21 @@ def metric_reduction_seconds(n_keys: int, n_values: int, reps: int = 20) -> floa
     return statistics.median(times)
 
 
-def profile_ppo_lab(args, critic, tmp):
+def setup_ppo_lab(args, critic, tmp):
+    """An instrumented trainer and its timers; `step()` runs (and times) one iteration."""
     trainer, ignore_eos = build_trainer(args, critic, tmp)
-    for _ in range(args.warmup):
-        trainer.step()
     timers = Timers()
     instrument_ppo_lab(trainer, timers)
-    metrics = None
-    for _ in range(args.iterations):
+
+    def step():
         metrics = trainer.step()
         timers.close()
+        return metrics
+
+    return trainer, timers, step, ignore_eos
+
+
+def profile_ppo_lab_extras(args, trainer, timers, metrics, ignore_eos):
     out = {"ignore_eos": ignore_eos, "medians": timers.medians(), "calls_per_iteration": timers.calls_per_iter(),
            "update_metric_keys": sum(1 for k in metrics if k.startswith(("policy/", "value/", "loss/")))}
     out["metric_reduction_replay_s"] = metric_reduction_seconds(out["update_metric_keys"],
@@ -247,7 +256,6 @@ def profile_ppo_lab(args, critic, tmp):
         prof.enable()
         trainer.step()
         prof.disable()
-        timers.close()
         s = io.StringIO()
         st = pstats.Stats(prof, stream=s)
         st.sort_stats("tottime").print_stats(30)
@@ -258,7 +266,6 @@ def profile_ppo_lab(args, critic, tmp):
 
         with profile(activities=[ProfilerActivity.CPU]) as tp:
             trainer.step()
-        timers.close()
         ka = tp.key_averages()
         extras["torch_profile"] = ka.table(sort_by="self_cpu_time_total", row_limit=30)
         out["aten_ops_per_iteration"] = sum(e.count for e in ka if e.key.startswith("aten::"))
@@ -267,7 +274,8 @@ def profile_ppo_lab(args, critic, tmp):
 
 
 # --------------------------------------------------------------------------------------------
-def profile_floor(args, critic):
+def setup_floor(args, critic):
+    """The floor (floor.py) with timers around its pieces; `step()` runs one update."""
     import floor as fl
 
     tok, words = wl.make_tokenizer(args.vocab, args.seed)
@@ -331,9 +339,7 @@ def profile_floor(args, critic):
                 timers.add("update/zero_grad", t7 - t6)
 
     f.optimise = T("update", optimise)
-    args_run = argparse.Namespace(**{**vars(args), "updates": args.warmup + args.iterations})
-    f.args = args_run
-    # Floor.run times whole updates itself; the per-piece timers are filed per update here.
+    f.args = argparse.Namespace(**{**vars(args), "updates": 1})
     real_opt = f.optimise
 
     def optimise_and_close(*a, **k):
@@ -342,18 +348,22 @@ def profile_floor(args, critic):
         timers.close()
 
     f.optimise = optimise_and_close
-    res = f.run()
-    timers.iters = timers.iters[args.warmup:]
-    for k in timers.calls:
-        timers.calls[k] = timers.calls[k] * len(timers.iters) / (len(timers.iters) + args.warmup)
+    whole: list[float] = []
+
+    def step():
+        whole.append(f.run()["update_s"][0])
+
+    return f, timers, step, whole
+
+
+def profile_floor_extras(args, f, timers, whole):
     timers.order = ["rollout"] + [k for k in timers.order if k != "rollout"]
-    med = {"step (whole iteration)": res["sec_per_update"], **timers.medians()}
+    med = {"step (whole iteration)": statistics.median(whole), **timers.medians()}
     out = {"medians": med, "calls_per_iteration": timers.calls_per_iter()}
     extras = {}
     if args.torch_profile:
         from torch.profiler import ProfilerActivity, profile
 
-        f.args = argparse.Namespace(**{**vars(args), "updates": 1})
         with profile(activities=[ProfilerActivity.CPU]) as tp:
             f.run()
         ka = tp.key_averages()
@@ -363,13 +373,33 @@ def profile_floor(args, critic):
     return out, extras
 
 
+def profile_pair(args, critic, tmp):
+    """ppo_lab and the floor, one iteration each in turn, so that the machine's drifts hit both alike."""
+    trainer, pl_timers, pl_step, ignore_eos = setup_ppo_lab(args, critic, tmp)
+    f, fl_timers, fl_step, whole = setup_floor(args, critic)
+    for _ in range(args.warmup):
+        pl_step()
+        fl_step()
+    for t in (pl_timers, fl_timers):
+        t.iters.clear()
+        t.calls.clear()
+    whole.clear()
+    metrics = None
+    for _ in range(args.iterations):
+        metrics = pl_step()
+        fl_step()
+    pl, pl_extra = profile_ppo_lab_extras(args, trainer, pl_timers, metrics, ignore_eos)
+    fl_, fl_extra = profile_floor_extras(args, f, fl_timers, whole)
+    return pl, fl_, {"ppo_lab": pl_extra, "floor": fl_extra}
+
+
 # --------------------------------------------------------------------------------------------
 def report(results, args) -> str:
     lines = [f"# Profile of one PPO iteration: ppo_lab vs the floor",
              "",
              f"Workload: batch {args.batch} x {args.response_length} new tokens, {args.ppo_epochs} epochs x "
-             f"{args.mini_batches} minibatches, {args.threads} torch thread(s). Medians over {args.iterations} "
-             f"iterations after {args.warmup} warm-up ones; times in milliseconds per iteration (sums over the "
+             f"{args.mini_batches} minibatches, {args.threads} torch thread(s). ppo_lab and the floor alternate, one "
+             f"iteration each; medians over {args.iterations} iterations after {args.warmup} warm-up ones; times in milliseconds per iteration (sums over the "
              f"calls in it). Indented rows are parts of the row above them.", ""]
     for critic, r in results.items():
         pl, fl_ = r["ppo_lab"]["medians"], r["floor"]["medians"]
@@ -413,10 +443,8 @@ def main(argv=None):
     results, extras = {}, {}
     with tempfile.TemporaryDirectory(prefix="bench_profile_") as tmp:
         for critic in critics:
-            pl, pl_extra = profile_ppo_lab(args, critic, Path(tmp))
-            fl_, fl_extra = profile_floor(args, critic)
+            pl, fl_, extras[critic] = profile_pair(args, critic, Path(tmp))
             results[critic] = {"ppo_lab": pl, "floor": fl_, "ppo_lab_source": source_of(ppo_lab)}
-            extras[critic] = {"ppo_lab": pl_extra, "floor": fl_extra}
     text = report(results, args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
