@@ -65,7 +65,7 @@ _LAZY = {
 }
 
 
-_LAZY_MODULES = {"book", "config", "models", "plotting", "reward_model", "rewards", "rollout", "tasks", "tiny", "trainer"}
+_LAZY_MODULES = {"book", "checkpoint", "config", "lora", "models", "plotting", "reward_model", "rewards", "rollout", "tasks", "tiny", "trainer"}
 
 
 def __getattr__(name):

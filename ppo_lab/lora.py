@@ -1,6 +1,6 @@
 """LoRA through `peft`: a trainable low-rank adapter on a frozen policy, and the reference for free.
 
-Chapter 7 (The PPO trainer end to end) uses it when the policy is trained with LoRA. Full PPO
+Chapter 9 (Scaling up) uses it when the policy is trained with LoRA. Full PPO
 keeps two whole language models in memory, the policy and a frozen copy of it as the reference.
 With LoRA the policy is W + (alpha / r) B A, where only the small matrices A (r x in) and
 B (out x r) are trained and B starts at zero, so at step 0 the policy *is* its base weights. The

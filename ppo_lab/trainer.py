@@ -59,10 +59,10 @@ from .logprobs import entropy_from_logits, logprobs_from_logits
 from .masked import masked_mean, masked_whiten
 from .models import (
     PolicyWithValueHead,
+    disable_dropout,
     _quiet_transformers,
     context_length,
     load_critic,
-    load_policy,
     load_tokenizer,
     make_reference,
 )
@@ -141,7 +141,15 @@ class PPOTrainer:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"
-        lm = policy if policy is not None else load_policy(cfg.policy_model, cfg.trust_remote_code)
+        if policy is None:
+            from .lora import load_maybe_adapter
+
+            # an SFT model saved as a LoRA adapter is merged into its base first, so that the
+            # reference (and a PPO adapter switched off) is the SFT policy, not the base model
+            policy = load_maybe_adapter(cfg.policy_model, cfg.trust_remote_code)
+        # A model passed in keeps the dropout it was built with; off, as for a loaded one, or the
+        # first update step would not be on-policy.
+        lm = disable_dropout(policy)
         self.stop_ids = [self.tokenizer.eos_token_id]
         if cfg.stop_token is not None:
             stop = self.tokenizer.convert_tokens_to_ids(cfg.stop_token)
@@ -173,7 +181,10 @@ class PPOTrainer:
         # --- optimisation ---------------------------------------------------------------
         params = [p for p in self.policy.parameters() if p.requires_grad]
         params += [p for p in self.critic.parameters() if p.requires_grad] if self.critic is not None else []
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        # The fused kernel updates all tensors in one pass: on a CPU a third of the time of the
+        # default one-tensor-at-a-time loop (benchmarks/results/hotspots-*.json).
+        fused = all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params)
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, **({"fused": True} if fused else {}))
         steps_per_iteration = cfg.ppo_epochs * (cfg.rollout_batch_size // cfg.minibatch_size)
         from transformers import get_scheduler
 

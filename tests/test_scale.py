@@ -73,3 +73,32 @@ def test_torch_compile_wraps_the_models_that_train(tiny_path, tmp_path):
     assert type(trainer.policy).__name__ == "OptimizedModule" and type(trainer.critic).__name__ == "OptimizedModule"
     assert trainer.lm is trainer.accelerator.unwrap_model(trainer.policy)  # generation runs eagerly
     assert type(trainer.reference).__name__ != "OptimizedModule"
+
+
+def test_lora_policy_trains_the_adapter_and_its_reference_is_the_adapter_off(tiny_path, tmp_path):
+    pytest.importorskip("peft")
+    from ppo_lab.models import load_policy
+    from ppo_lab.rollout import response_logits
+
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, lora_r=4, learning_rate=1e-2))
+    assert list(trainer.reference.parameters()) == []  # no second copy of the model
+    trained = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+    lora = [p for n, p in trainer.lm.named_parameters() if "lora_" in n]
+    assert lora and trained >= {id(p) for p in lora}
+    assert all("lora_" in n for n, p in trainer.lm.named_parameters() if id(p) in trained)
+    trainer.train()
+
+    ro = trainer._last_rollout
+    base = load_policy(str(tiny_path)).eval()
+    with torch.no_grad():
+        ref, _ = response_logits(trainer.reference, ro.query_ids, ro.query_mask, ro.response_ids, ro.mask)
+        want, _ = response_logits(base, ro.query_ids, ro.query_mask, ro.response_ids, ro.mask)
+        now, _ = response_logits(trainer.lm, ro.query_ids, ro.query_mask, ro.response_ids, ro.mask)
+    torch.testing.assert_close(ref, want, atol=1e-5, rtol=1e-5)  # the adapter is off in the reference
+    assert (now - want).abs().max() > 1e-3  # while the policy has moved
+    assert trainer.history[-1]["objective/kl"] != 0.0
+
+    folder = trainer.save(tmp_path / "merged")  # merged: loads without peft, as the trained policy
+    with torch.no_grad():
+        merged, _ = response_logits(load_policy(str(folder)).eval(), ro.query_ids, ro.query_mask, ro.response_ids, ro.mask)
+    torch.testing.assert_close(merged, now, atol=1e-4, rtol=1e-4)
