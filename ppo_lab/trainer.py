@@ -213,6 +213,7 @@ class PPOTrainer:
         # --- bookkeeping ----------------------------------------------------------------
         self.iteration = 0
         self.bad_updates = 0
+        self._skipped: list[tuple[str, str, str]] = []  # (phase, metric, detail) of this iteration
         self.history: list[dict] = []
         self._prompt_order: list[int] = []
         self._prompt_rng = random.Random(cfg.seed)
