@@ -79,6 +79,8 @@ def main(argv=None):
         raise SystemExit("this ppo_lab's PPOConfig has no ignore_eos field")
     ignore_eos = "ignore_eos" in fields and args.ignore_eos != "off"
     extra = {"ignore_eos": ignore_eos} if "ignore_eos" in fields else {}
+    if "target_kl" in fields:  # TRL has no early stop: every update runs all its epochs
+        extra["target_kl"] = None
     reward_dir = tmp / "reward"
     wl.make_reward_model(tok, args).save_pretrained(reward_dir)
     tok.save_pretrained(reward_dir)

@@ -130,6 +130,8 @@ def build_trainer(args, critic: str, tmp: Path):
     extra = {}
     if "ignore_eos" in {f.name for f in dataclasses.fields(PPOConfig)}:
         extra["ignore_eos"] = True
+    if "target_kl" in {f.name for f in dataclasses.fields(PPOConfig)}:
+        extra["target_kl"] = None  # every update runs all its epochs, as in TRL
     if critic == "separate":
         critic_dir = tmp / "value"
         wl.make_value_model(tok, args).save_pretrained(critic_dir)

@@ -68,7 +68,7 @@ class PPOConfig:
     ppo_epochs: int = _f(4, "Passes over each rollout batch.")
     total_iterations: int = _f(60, "PPO iterations (rollout + update) to run.")
     # --- optimisation --------------------------------------------------------------------
-    learning_rate: float = _f(5e-4, "AdamW learning rate (policy and critic); the default suits the tiny offline model, hub models want 1e-6 to 1e-5.")
+    learning_rate: float = _f(3e-4, "AdamW learning rate (policy and critic); the default suits the tiny offline model, hub models want 1e-6 to 1e-5.")
     lr_schedule: str = _f("constant", "Learning-rate schedule after warmup.", ("constant", "linear", "cosine"))
     warmup_steps: int = _f(0, "Optimizer steps of linear warmup.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
@@ -79,6 +79,7 @@ class PPOConfig:
     penalty_kl_target: float = _f(0.01, "Target KL(old || new) per token of PPO-penalty; beta doubles above 1.5x, halves below 1/1.5x.")
     clip_eps: float = _f(0.2, "Policy ratio clip range epsilon.")
     clip_eps_high: float | None = _f(None, "Upper ratio clip range (None = clip_eps).")
+    target_kl: float | None = _f(0.1, "Early stop: skip an iteration's remaining epochs once an epoch's mean policy/approx_kl (per token, KL(old || new)) exceeds this (None = off).")
     dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages (None = off).")
     value_clip: float | None = _f(0.2, "Value clip range around the rollout values (None = off).")
     vf_coef: float = _f(0.5, "Weight of the value loss.")
@@ -162,7 +163,7 @@ class PPOConfig:
         _in_range(self, "lora_alpha", 0.0, None, low_open=True)
         _in_range(self, "lora_dropout", 0.0, 1.0)
         _in_range(self, "penalty_kl_target", 0.0, None, low_open=True)
-        for name in ["clip_eps_high", "max_grad_norm", "score_clip"]:
+        for name in ["clip_eps_high", "max_grad_norm", "score_clip", "target_kl"]:
             if getattr(self, name) is not None:
                 _in_range(self, name, 0.0, None, low_open=True)
         if self.value_clip is not None:

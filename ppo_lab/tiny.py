@@ -1,26 +1,32 @@
-"""The offline default model: a tiny GPT-2 and its word-level tokenizer, built from this package.
+"""The offline default model: a tiny GPT-2 and its word-level tokenizer, shipped with the package.
 
 Chapter 1 (RL for language models) rolls it out token by token; every chapter that needs a real
 language model uses it. No machine that builds the book can download weights, and a chapter
-must train in about a minute on two CPU cores, so `ppo_lab` pretrains its own model on the
-text of its built-in tasks (`ppo_lab.tasks`): review-like sentences and digit-by-digit
-additions. The result is saved with `save_pretrained` to a cache folder and loaded back with
-`AutoModelForCausalLM.from_pretrained`, exactly like a model from the hub, so the code path
-the book exercises is the one real models take.
+must train in about a minute on two CPU cores, so `ppo_lab` carries its own model, pretrained on
+the text of its built-in tasks (`ppo_lab.tasks`): review-like sentences and digit-by-digit
+additions. The weights (safetensors) and the tokenizer are package data under
+`ppo_lab/data/tiny/`, the same bytes on every machine, and load with
+`AutoModelForCausalLM.from_pretrained` like a model from the hub, so the code path the book
+exercises is the one real models take.
 
-The build is deterministic (fixed seeds, one torch thread) and takes about a minute; it runs
-once per cache key (a hash of this module, the task module and the settings), in
-`$PPO_LAB_CACHE` or `~/.cache/ppo_lab`. The folder is written under a temporary name and
-renamed into place, so an interrupted build never leaves a half-written model behind.
+Why ship the bytes instead of building them on first use: float rounding differs between CPUs
+(the order of reductions in a matmul depends on the vector width), so the same ~1000 SGD steps
+give different weights on different machines, and every number downstream changes. Only files
+shipped byte for byte are the same everywhere.
+
+The code that trains it stays here (`pretrain`), and `python -m ppo_lab.tiny build` rebuilds
+the shipped folder (about a minute on one CPU thread). A rebuild on another machine gives
+other bytes of the same quality; `tests/test_tiny.py` checks that a rebuild reaches the shipped
+model's held-out loss, and that the shipped tokenizer still matches the tasks' vocabulary.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import os
+import argparse
+import json
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -30,11 +36,13 @@ import torch
 
 TINY_MODEL = "builtin:tiny"  # the name the config uses for this model
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+SHIPPED = Path(__file__).resolve().parent / "data" / "tiny"  # package data: weights and tokenizer
+HELD_OUT_SEED = 987654  # the held-out text's seed; pretraining uses seeds 0 and 1
 
 
 @dataclass(frozen=True)
 class TinySpec:
-    """Settings of the built-in model (changing any of them changes the cache key)."""
+    """Settings of the built-in model (recorded in the shipped folder's `build.json`)."""
 
     n_layer: int = 2
     n_head: int = 4
@@ -46,21 +54,6 @@ class TinySpec:
     batch_size: int = 64
     lr: float = 3e-3
     seed: int = 0
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("PPO_LAB_CACHE", Path.home() / ".cache" / "ppo_lab"))
-
-
-def _cache_key(spec: TinySpec) -> str:
-    from . import tasks
-
-    h = hashlib.sha256()
-    for src in (inspect.getsource(inspect.getmodule(_cache_key)), inspect.getsource(tasks)):
-        h.update(src.encode())
-    h.update(repr(sorted(asdict(spec).items())).encode())
-    h.update(torch.__version__.encode())
-    return h.hexdigest()[:12]
 
 
 def build_tokenizer():
@@ -133,30 +126,103 @@ def pretrain(spec: TinySpec, verbose: bool = False):
     return model, tokenizer
 
 
-def tiny_model_path(spec: TinySpec = TinySpec(), verbose: bool = False) -> Path:
-    """The folder holding the built-in model and tokenizer, building it on first use."""
-    folder = cache_root() / f"tiny-{_cache_key(spec)}"
-    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
-        return folder
+
+
+def tiny_model_path() -> Path:
+    """The folder of the shipped model and tokenizer (package data; nothing is built or fetched)."""
+    if not (SHIPPED / "model.safetensors").exists() or not (SHIPPED / "tokenizer.json").exists():
+        raise FileNotFoundError(
+            f"the built-in tiny model is missing from {SHIPPED} (a broken install?); "
+            "reinstall ppo-lab, or rebuild it with `python -m ppo_lab.tiny build`"
+        )
+    return SHIPPED
+
+
+def held_out_texts(n_sentiment: int = 2000, n_arithmetic: int = 500) -> list[str]:
+    """Text drawn like the pretraining corpus but from another seed, to measure quality."""
+    from .tasks import ArithmeticTask, SentimentTask
+
+    return SentimentTask().corpus(n_sentiment, HELD_OUT_SEED) + ArithmeticTask().corpus(n_arithmetic, HELD_OUT_SEED + 1)
+
+
+@torch.no_grad()
+def held_out_loss(model, tokenizer, texts: list[str] | None = None, batch_size: int = 256) -> float:
+    """Mean next-token cross-entropy (nats per token, EOS included) on `texts`."""
+    texts = held_out_texts() if texts is None else texts
+    total, count = 0.0, 0
+    model.eval()
+    for i in range(0, len(texts), batch_size):
+        ids = [tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts[i : i + batch_size]]
+        width = max(len(x) for x in ids)
+        input_ids = torch.full((len(ids), width), tokenizer.pad_token_id)
+        attention = torch.zeros((len(ids), width), dtype=torch.long)
+        for row, x in enumerate(ids):
+            input_ids[row, : len(x)] = torch.tensor(x)
+            attention[row, : len(x)] = 1
+        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
+        targets = input_ids[:, 1:].masked_fill(attention[:, 1:] == 0, -100)  # no loss on padding
+        total += torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="sum").item()
+        count += int((targets != -100).sum())
+    return total / count
+
+
+def build(folder: Path = SHIPPED, spec: TinySpec = TinySpec(), verbose: bool = True) -> Path:
+    """Pretrain the tiny model and write it (weights, tokenizer, build.json) to `folder`.
+
+    One torch thread, so that a rebuild on the same machine gives the same bytes. The folder is
+    written under a temporary name and swapped in when complete, so an interrupted build never
+    leaves a half-written model behind (nor destroys the previous one).
+    """
+    from .models import _quiet_transformers
+
+    folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # bit-identical weights on every run of the same machine
+    torch.set_num_threads(1)
     try:
-        from .models import _quiet_transformers
-
         with torch.random.fork_rng(devices=[]), _quiet_transformers():
             model, tokenizer = pretrain(spec, verbose=verbose)
+            loss = held_out_loss(model, tokenizer)
     finally:
         torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=folder.parent))
     with _quiet_transformers():
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process finished first: keep its copy
-        shutil.rmtree(tmp, ignore_errors=True)
+    info = {"spec": asdict(spec), "held_out_loss": round(loss, 4), "torch": torch.__version__}
+    (tmp / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+    tmp.chmod(0o755)  # mkdtemp makes it private; an installed package must be readable by all
+    for f in tmp.iterdir():
+        f.chmod(0o644)
+    old = folder.with_name(folder.name + ".old")
+    if folder.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
     if verbose:
-        print(f"built the tiny model in {time.perf_counter() - start:.0f} s: {folder}")
+        print(f"built the tiny model in {time.perf_counter() - start:.0f} s (held-out loss {loss:.4f} nats/token): {folder}")
     return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ppo_lab.tiny", description="The built-in tiny model.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    b = sub.add_parser("build", help="pretrain the tiny model and write it to a folder (default: the shipped one)")
+    b.add_argument("--out", type=Path, default=SHIPPED, help=f"where to write it (default: {SHIPPED})")
+    sub.add_parser("loss", help="print the shipped model's held-out loss")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build(args.out)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = tiny_model_path()
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+        print(f"{held_out_loss(model, tokenizer):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

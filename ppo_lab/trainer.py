@@ -403,7 +403,10 @@ class PPOTrainer:
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         shuffle = self._generator("shuffle")
         self.policy.train()
+        epochs = 0
         for _ in range(cfg.ppo_epochs):
+            epochs += 1
+            epoch_kl: list[torch.Tensor] = []
             order = torch.randperm(n, generator=shuffle).to(self.device)
             for start in range(0, n, mb):
                 # this process's micro-batches of the global minibatch
@@ -427,16 +430,28 @@ class PPOTrainer:
                 for key, values in step_metrics.items():
                     collected.setdefault(key, []).extend(values)
                 collected.setdefault("policy/grad_norm", []).append(norm)
+                epoch_kl.extend(step_metrics.get("policy/approx_kl", []))
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
+            # Early stop on a target KL (CleanRL's `target_kl`, Spinning Up's PPO): once this
+            # epoch moved the policy more than target_kl nats per token away from the one that
+            # sampled the batch, further passes over the same batch only overfit it. On the tiny
+            # model, single updates of 0.3-20 nats per token without it made the next rollout stop
+            # ending its responses (the KL spikes of the default run). All processes decide alike.
+            if cfg.target_kl is not None and epoch_kl:
+                kl = torch.stack([v.float() for v in epoch_kl]).mean()
+                if world > 1:
+                    kl = self.accelerator.reduce(kl, reduction="mean")
+                if kl.item() > cfg.target_kl:
+                    break
         keys = sorted(collected)
         if not keys:
             return {}
         means = torch.stack([torch.stack([v.float() for v in collected[k]]).mean() for k in keys])
         if world > 1:
             means = self.accelerator.reduce(means, reduction="mean")
-        return dict(zip(keys, means.tolist()))
+        return {**dict(zip(keys, means.tolist())), "policy/epochs": float(epochs)}
 
     def _rollout_problems(self, ro: Rollout) -> list[tuple[str, str, str]]:
         """(phase, metric, detail) for every non-finite quantity of a rollout."""

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "book" / "_scripts"))
@@ -42,3 +43,47 @@ def test_chapters_import_ppo_lab_and_not_a_copy():
         text = md.read_text()
         assert "import ppo_lab" in text, md.name
         assert "def compute_gae" not in text and "def clipped_policy_loss" not in text
+
+
+def test_book_seed_comes_from_the_environment(monkeypatch):
+    import torch
+
+    from ppo_lab import book
+
+    monkeypatch.delenv(book.SEED_VARIABLE, raising=False)
+    monkeypatch.delenv(book.THREADS_VARIABLE, raising=False)
+    threads = torch.get_num_threads()
+    try:
+        assert book.setup()[0] == 0
+        a = torch.rand(3)
+        monkeypatch.setenv(book.SEED_VARIABLE, "7")
+        seed, device = book.setup()
+        assert seed == 7 and device.type in ("cpu", "cuda")
+        assert not torch.equal(torch.rand(3), a)  # another seed, other draws
+        assert book.setup(seed=3)[0] == 3  # an explicit seed wins
+        monkeypatch.setenv(book.THREADS_VARIABLE, "2")
+        book.setup()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("value", ["one", "-1", "1.5"])
+def test_a_bad_book_seed_is_named(monkeypatch, value):
+    from ppo_lab import book
+
+    monkeypatch.setenv(book.SEED_VARIABLE, value)
+    with pytest.raises(ValueError, match=f"PPO_LAB_BOOK_SEED={value!r}.*integer >= 0"):
+        book.book_seed()
+
+
+def test_chapters_take_every_seed_from_the_book_seed():
+    """`PPO_LAB_BOOK_SEED` must change every draw of a chapter: no seed may be a bare constant."""
+    import re
+
+    bare = re.compile(r"(manual_seed\(\s*\d+\s*\)|\bseed\s*=\s*\d+\b|random\.Random\(\s*\d+\s*\)|np\.random\.seed\(\s*\d)")
+    for md in twins.chapters():
+        code = re.findall(r"```\{code-cell\}[^\n]*\n(.*?)```", md.read_text(), flags=re.S)
+        hits = [m.group(0) for block in code for m in bare.finditer(block)]
+        assert not hits, f"{md.name}: seeds not derived from setup()'s seed: {hits}"
+        assert "seed, device = setup()" in md.read_text(), f"{md.name}: first cell must take its seed from setup()"

@@ -171,8 +171,10 @@ def test_arithmetic_task_has_a_verifiable_reward(tiny_path, tmp_path):
     assert set(task.train_prompts).isdisjoint(task.eval_prompts)
     cfg = small_config(tmp_path, task="arithmetic", critic="none", advantage_estimator="grpo", responses_per_prompt=4, rollout_batch_size=32, temperature=0.7)
     trainer = PPOTrainer(cfg)
-    accuracy = sum(s["score"] for s in trainer.evaluate(64)) / 64
-    assert 0.1 < accuracy < 0.95
+    # all 100 eval prompts: the shipped model solves about 9% at temperature 0.7, so 2 or more
+    # right fails by chance with probability ~1e-3 on a machine whose draws differ
+    accuracy = sum(s["score"] for s in trainer.evaluate(100)) / 100
+    assert 0.02 <= accuracy < 0.95
     (m,) = trainer.train(1)
     assert math.isfinite(m["loss/policy"])
 
@@ -190,3 +192,23 @@ def test_ppo_penalty_adapts_its_beta(tiny_path, tmp_path):
     assert history[0]["policy/penalty_beta"] == 0.5
     assert history[1]["policy/penalty_beta"] == 1.0
     assert history[0]["policy/clipfrac"] == 0.0
+
+
+def test_target_kl_stops_the_epochs_of_an_iteration(tiny_path, tmp_path):
+    """With a target below any real step, each iteration stops after its first epoch; without
+    one it runs all ppo_epochs, and the two runs end with different weights."""
+    stopped = PPOTrainer(small_config(tmp_path / "a", ppo_epochs=3, target_kl=1e-12))
+    history = stopped.train()
+    assert [m["policy/epochs"] for m in history] == [1.0, 1.0]
+    full = PPOTrainer(small_config(tmp_path / "b", ppo_epochs=3, target_kl=None))
+    assert [m["policy/epochs"] for m in full.train()] == [3.0, 3.0]
+    roomy = PPOTrainer(small_config(tmp_path / "c", ppo_epochs=3, target_kl=1e6))
+    assert [m["policy/epochs"] for m in roomy.train()] == [3.0, 3.0]
+    differs = [not torch.equal(p, q) for p, q in zip(stopped.policy.parameters(), full.policy.parameters())]
+    assert any(differs)
+
+
+@pytest.mark.parametrize("value", [0.0, -0.1, float("nan")])
+def test_target_kl_must_be_positive(value):
+    with pytest.raises(ValueError, match=r"PPOConfig.target_kl = .* must be in \(0, inf\)"):
+        ppo_lab.PPOConfig(target_kl=value)

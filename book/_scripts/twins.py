@@ -8,6 +8,10 @@ hand, which the Colab and Binder buttons open and nbval checks:
     python book/_scripts/twins.py check                exit 1 if a twin's cells differ from its source
     python book/_scripts/twins.py cache DIR            put the executed twins into a jupyter-cache at DIR
     python book/_scripts/twins.py list                 print the twins of the chapters in _toc.yml
+    python book/_scripts/twins.py run CHAPTER [--seed N] [--threads N] [--out FILE]
+                                                       execute a chapter under another seed or thread
+                                                       count (PPO_LAB_BOOK_SEED, PPO_LAB_BOOK_THREADS),
+                                                       leaving its twin alone
 
 The twin has one cell more than its source, first: it installs ppo_lab where it is missing (Colab),
 from the repository named in _config.yml, and does nothing where ppo_lab is importable.
@@ -18,8 +22,12 @@ without its install cell and then matches its source exactly.
 
 from __future__ import annotations
 
+import argparse
+import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import jupytext
@@ -95,6 +103,27 @@ def sync(paths: list[Path]) -> None:
         nbformat.write(nb, twin)
 
 
+def run(md: Path, seed: int | None, threads: int | None, out: Path | None) -> int:
+    """Execute a chapter from its source in a scratch copy; the twin is not touched."""
+    env = dict(os.environ)
+    if seed is not None:
+        env["PPO_LAB_BOOK_SEED"] = str(seed)
+    if threads is not None:
+        env["PPO_LAB_BOOK_THREADS"] = str(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        nb_path = Path(tmp) / md.with_suffix(".ipynb").name
+        nbformat.write(twin_from_source(md), nb_path)
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "jupyter", "execute", "--inplace", "--timeout=600", str(nb_path)], env=env, cwd=md.parent)
+        took = time.perf_counter() - start
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(nb_path.read_bytes())
+    label = f"seed={env.get('PPO_LAB_BOOK_SEED', 'default')} threads={env.get('PPO_LAB_BOOK_THREADS', 'default')}"
+    print(f"{md.name} {label}: {'ok' if proc.returncode == 0 else 'FAILED'} in {took:.0f} s", flush=True)
+    return proc.returncode
+
+
 def check() -> int:
     stale = []
     for md in chapters():
@@ -125,7 +154,15 @@ if __name__ == "__main__":
         sys.exit(check())
     elif command == "cache":
         cache(rest[0])
+    elif command == "run":
+        parser = argparse.ArgumentParser(prog="twins.py run")
+        parser.add_argument("chapter", type=Path)
+        parser.add_argument("--seed", type=int)
+        parser.add_argument("--threads", type=int)
+        parser.add_argument("--out", type=Path)
+        a = parser.parse_args(rest)
+        sys.exit(run(a.chapter.resolve(), a.seed, a.threads, a.out))
     elif command == "list":
         print(" ".join(str(md.with_suffix(".ipynb").relative_to(ROOT)) for md in chapters()))
     else:
-        sys.exit(f"unknown command {command!r}: use sync, check or cache")
+        sys.exit(f"unknown command {command!r}: use sync, check, cache, run or list")
