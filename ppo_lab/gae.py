@@ -13,9 +13,11 @@ error (low variance, biased by V); lam = 1 gives the Monte Carlo return minus V 
 variance). The returns that train the critic are A_t + V(s_t), the lambda-return.
 
 Masking, decided on purpose. AlpacaFarm's `_estimate_advantage` and TRL's loop run the recursion
-over every position, padding included, and rely on padding having reward 0 and on masking the
-values before the call; whatever V predicts on padding after the last token leaks into
-delta at the last real token. `ppo_lab` follows verl's `compute_gae_advantage_return` instead:
+over every position, padding included. AlpacaFarm zeroes nothing on padding (its KL penalty
+lands there too, and its whitening counts padding), so whatever V predicts on padding after the
+last token leaks into delta at the last real token. TRL zeroes the KL penalty on padding and
+the values from the second padding position on, but keeps the critic's value at the first
+padding position and puts the score there, one step past the last real token. `ppo_lab` follows verl's `compute_gae_advantage_return` instead:
 positions with mask 0 are skipped (the recursion carries A and V through them) and the value
 after the last real token is 0, because the episode has ended there. So nothing stored at masked
 positions can change the result.
