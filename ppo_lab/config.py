@@ -79,7 +79,7 @@ class PPOConfig:
     penalty_kl_target: float = _f(0.01, "Target KL(old || new) per token of PPO-penalty; beta doubles above 1.5x, halves below 1/1.5x.")
     clip_eps: float = _f(0.2, "Policy ratio clip range epsilon.")
     clip_eps_high: float | None = _f(None, "Upper ratio clip range (None = clip_eps).")
-    target_kl: float | None = _f(0.1, "Early stop: skip an iteration's remaining epochs once an epoch's mean policy/approx_kl (per token, KL(old || new)) exceeds this (None = off).")
+    target_kl: float | None = _f(0.1, "Early stop: end an iteration's update before a minibatch whose policy/approx_kl (KL(old || new) per token, measured before its step) exceeds this (None = off).")
     dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages (None = off).")
     value_clip: float | None = _f(0.2, "Value clip range around the rollout values (None = off).")
     vf_coef: float = _f(0.5, "Weight of the value loss.")

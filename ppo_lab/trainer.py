@@ -403,10 +403,10 @@ class PPOTrainer:
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         shuffle = self._generator("shuffle")
         self.policy.train()
-        epochs = 0
+        steps, stop = 0, False
         for _ in range(cfg.ppo_epochs):
-            epochs += 1
-            epoch_kl: list[torch.Tensor] = []
+            if stop:
+                break
             order = torch.randperm(n, generator=shuffle).to(self.device)
             for start in range(0, n, mb):
                 # this process's micro-batches of the global minibatch
@@ -422,6 +422,21 @@ class PPOTrainer:
                 # and makes the same skip decision.
                 norm = self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf)
                 norm = torch.as_tensor(norm).detach().float()
+                # Early stop on a target KL (Stable-Baselines3's `target_kl`; CleanRL and Spinning
+                # Up check once per epoch): this minibatch's approx KL, measured before its step,
+                # says how far the steps so far moved the policy from the one that sampled the
+                # batch. Past target_kl, no further step is taken on this batch. On the tiny model,
+                # updates that moved it 0.2 to 20 nats per token without this made the next
+                # rollout stop ending its responses (the KL spikes of the default run). The first
+                # minibatch is on-policy (approx KL 0), so every update takes at least one step.
+                if cfg.target_kl is not None and step_metrics.get("policy/approx_kl"):
+                    kl = torch.stack([v.float() for v in step_metrics["policy/approx_kl"]]).mean()
+                    if world > 1:
+                        kl = self.accelerator.reduce(kl, reduction="mean")  # all processes decide alike
+                    if kl.item() > cfg.target_kl:
+                        self.optimizer.zero_grad(set_to_none=True)
+                        stop = True
+                        break
                 if not bool(torch.isfinite(norm)):
                     bad = [k for k, vs in step_metrics.items() if not all(bool(torch.isfinite(v).all()) for v in vs)]
                     self._skipped.append(("gradients", "policy/grad_norm", f"{norm.item()}" + (f"; non-finite: {', '.join(bad)}" if bad else "")))
@@ -430,28 +445,17 @@ class PPOTrainer:
                 for key, values in step_metrics.items():
                     collected.setdefault(key, []).extend(values)
                 collected.setdefault("policy/grad_norm", []).append(norm)
-                epoch_kl.extend(step_metrics.get("policy/approx_kl", []))
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
-            # Early stop on a target KL (CleanRL's `target_kl`, Spinning Up's PPO): once this
-            # epoch moved the policy more than target_kl nats per token away from the one that
-            # sampled the batch, further passes over the same batch only overfit it. On the tiny
-            # model, single updates of 0.3-20 nats per token without it made the next rollout stop
-            # ending its responses (the KL spikes of the default run). All processes decide alike.
-            if cfg.target_kl is not None and epoch_kl:
-                kl = torch.stack([v.float() for v in epoch_kl]).mean()
-                if world > 1:
-                    kl = self.accelerator.reduce(kl, reduction="mean")
-                if kl.item() > cfg.target_kl:
-                    break
+                steps += 1
         keys = sorted(collected)
         if not keys:
             return {}
         means = torch.stack([torch.stack([v.float() for v in collected[k]]).mean() for k in keys])
         if world > 1:
             means = self.accelerator.reduce(means, reduction="mean")
-        return {**dict(zip(keys, means.tolist())), "policy/epochs": float(epochs)}
+        return {**dict(zip(keys, means.tolist())), "policy/steps": float(steps)}
 
     def _rollout_problems(self, ro: Rollout) -> list[tuple[str, str, str]]:
         """(phase, metric, detail) for every non-finite quantity of a rollout."""

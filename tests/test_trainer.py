@@ -194,16 +194,18 @@ def test_ppo_penalty_adapts_its_beta(tiny_path, tmp_path):
     assert history[0]["policy/clipfrac"] == 0.0
 
 
-def test_target_kl_stops_the_epochs_of_an_iteration(tiny_path, tmp_path):
-    """With a target below any real step, each iteration stops after its first epoch; without
-    one it runs all ppo_epochs, and the two runs end with different weights."""
+def test_target_kl_stops_the_update_of_an_iteration(tiny_path, tmp_path):
+    """With a target below any real step, each update stops after its first (on-policy) step;
+    without one, or with one no step reaches, it runs every epoch's minibatches, and the
+    stopped run ends with other weights."""
     stopped = PPOTrainer(small_config(tmp_path / "a", ppo_epochs=3, target_kl=1e-12))
     history = stopped.train()
-    assert [m["policy/epochs"] for m in history] == [1.0, 1.0]
+    assert [m["policy/steps"] for m in history] == [1.0, 1.0]
+    assert history[0]["policy/approx_kl"] < 1e-9  # only the on-policy step's metrics are kept
     full = PPOTrainer(small_config(tmp_path / "b", ppo_epochs=3, target_kl=None))
-    assert [m["policy/epochs"] for m in full.train()] == [3.0, 3.0]
+    assert [m["policy/steps"] for m in full.train()] == [6.0, 6.0]  # 3 epochs x 16 / 8 minibatches
     roomy = PPOTrainer(small_config(tmp_path / "c", ppo_epochs=3, target_kl=1e6))
-    assert [m["policy/epochs"] for m in roomy.train()] == [3.0, 3.0]
+    assert [m["policy/steps"] for m in roomy.train()] == [6.0, 6.0]
     differs = [not torch.equal(p, q) for p, q in zip(stopped.policy.parameters(), full.policy.parameters())]
     assert any(differs)
 
