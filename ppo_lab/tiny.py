@@ -69,6 +69,17 @@ def build_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK)
 
 
+def _right_pad(ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists -> (input_ids, attention_mask), both (B, T), padded on the right."""
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad_id)
+    attention = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, x in enumerate(ids):
+        input_ids[row, : len(x)] = torch.tensor(x)
+        attention[row, : len(x)] = 1
+    return input_ids, attention
+
+
 def _pretraining_batches(tokenizer, spec: TinySpec):
     """Endless shuffled batches of (input_ids, attention_mask), each text followed by EOS."""
     from .tasks import ArithmeticTask, SentimentTask
@@ -80,14 +91,7 @@ def _pretraining_batches(tokenizer, spec: TinySpec):
     while True:
         rng.shuffle(ids)
         for i in range(0, len(ids) - spec.batch_size + 1, spec.batch_size):
-            chunk = ids[i : i + spec.batch_size]
-            width = max(len(x) for x in chunk)
-            input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id)
-            attention = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, x in enumerate(chunk):
-                input_ids[row, : len(x)] = torch.tensor(x)
-                attention[row, : len(x)] = 1
-            yield input_ids, attention
+            yield _right_pad(ids[i : i + spec.batch_size], tokenizer.pad_token_id)
 
 
 def pretrain(spec: TinySpec, verbose: bool = False):
@@ -153,12 +157,7 @@ def held_out_loss(model, tokenizer, texts: list[str] | None = None, batch_size: 
     model.eval()
     for i in range(0, len(texts), batch_size):
         ids = [tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts[i : i + batch_size]]
-        width = max(len(x) for x in ids)
-        input_ids = torch.full((len(ids), width), tokenizer.pad_token_id)
-        attention = torch.zeros((len(ids), width), dtype=torch.long)
-        for row, x in enumerate(ids):
-            input_ids[row, : len(x)] = torch.tensor(x)
-            attention[row, : len(x)] = 1
+        input_ids, attention = _right_pad(ids, tokenizer.pad_token_id)
         logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
         targets = input_ids[:, 1:].masked_fill(attention[:, 1:] == 0, -100)  # no loss on padding
         total += torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="sum").item()

@@ -426,7 +426,7 @@ class PPOTrainer:
                 # Up check once per epoch): this minibatch's approx KL, measured before its step,
                 # says how far the steps so far moved the policy from the one that sampled the
                 # batch. Past target_kl, no further step is taken on this batch. On the tiny model,
-                # updates that moved it 0.2 to 20 nats per token without this made the next
+                # updates that moved it up to 24 nats per token without this made the next
                 # rollout stop ending its responses (the KL spikes of the default run). The first
                 # minibatch is on-policy (approx KL 0), so every update takes at least one step.
                 if cfg.target_kl is not None and step_metrics.get("policy/approx_kl"):
