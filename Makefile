@@ -27,9 +27,10 @@ $(STAMP): requirements.txt pyproject.toml
 	@touch $(STAMP)
 
 # jupyter-cache keys a chapter on its code cells only, so a change inside ppo_lab would leave
-# stale outputs in the book: the cache is dropped whenever the package's sources change.
+# stale outputs in the book: the cache is dropped whenever the package's sources or the shipped
+# tiny model change.
 book: $(STAMP)
-	@hash=$$(cat ppo_lab/*.py ppo_lab/presets/*.yaml requirements.txt | sha256sum | cut -c1-16); \
+	@hash=$$(cat ppo_lab/*.py ppo_lab/presets/*.yaml ppo_lab/data/tiny/* requirements.txt | sha256sum | cut -c1-16); \
 	if [ "$$(cat _build/.ppo_lab_hash 2>/dev/null)" != "$$hash" ]; then rm -rf _build/.jupyter_cache; fi; \
 	mkdir -p _build && echo $$hash > _build/.ppo_lab_hash
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
