@@ -72,8 +72,6 @@ def test_an_interrupted_build_keeps_the_previous_model(tmp_path, monkeypatch):
 
 def test_tiny_pretraining_is_deterministic():
     """Two builds with the same settings give bit-identical weights (a small spec, for speed)."""
-    import torch
-
     from ppo_lab.tiny import TinySpec, pretrain
 
     spec = TinySpec(n_sentiment=300, n_arithmetic=100, steps=15, batch_size=16)
