@@ -8,9 +8,35 @@ silently into a wrong number three functions later.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Iterable
 
 import torch
+
+# Checks of a tensor's *values* (a mask holds only 0 and 1, has a real token) read the tensor
+# back to the host, which on a GPU waits for every queued kernel. The trainer checks each
+# rollout's mask once and runs its update inside `skip_value_checks()`, so the loss functions,
+# called on every micro-batch, keep their shape checks (free) but not these.
+_VALUE_CHECKS = contextvars.ContextVar("ppo_lab_value_checks", default=True)
+
+
+@contextlib.contextmanager
+def skip_value_checks():
+    """Inside this block, the checks that read tensor values back to the host are skipped.
+
+    For callers that validated their masks once already (`PPOTrainer` does, once per rollout).
+    Shape and argument checks still run.
+    """
+    token = _VALUE_CHECKS.set(False)
+    try:
+        yield
+    finally:
+        _VALUE_CHECKS.reset(token)
+
+
+def value_checks_on() -> bool:
+    return _VALUE_CHECKS.get()
 
 
 def check_tensor(name: str, x, ndim: int | None = None) -> torch.Tensor:
@@ -50,7 +76,7 @@ def check_mask(mask: torch.Tensor, like: torch.Tensor, like_name: str = "x") -> 
             f"`mask` has shape {tuple(mask.shape)} but `{like_name}` has shape "
             f"{tuple(like.shape)}; they must match"
         )
-    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+    if mask.dtype != torch.bool and value_checks_on() and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)].flatten()[:3].tolist()
         raise ValueError(
             f"`mask` must contain only 0 and 1 (1 = real response token), found values like {bad}"
@@ -61,6 +87,8 @@ def check_mask(mask: torch.Tensor, like: torch.Tensor, like_name: str = "x") -> 
 
 def check_nonempty_mask(mask: torch.Tensor, what: str, dim: int | None = None) -> None:
     """Raise if `mask` has no 1 at all (dim=None) or a slice along `dim` with no 1."""
+    if not value_checks_on():
+        return
     if dim is None:
         if not bool(mask.any()):
             raise ValueError(f"`mask` has no real tokens (all zeros); cannot take {what}")

@@ -86,14 +86,11 @@ def clipped_policy_loss(
     with torch.no_grad():
         clip_active = (clipped > unclipped).to(m.dtype)
         approx_kl = torch.expm1(log_ratio) - log_ratio  # k3 with r = rho
-        ratio_real = ratio.detach()[real]
         metrics.update(
             {
                 "policy/clipfrac": masked_mean(clip_active, m),
                 "policy/approx_kl": masked_mean(approx_kl.detach(), m),
-                "policy/ratio_mean": ratio_real.mean(),
-                "policy/ratio_min": ratio_real.min(),
-                "policy/ratio_max": ratio_real.max(),
+                **_ratio_stats(ratio.detach(), m),
             }
         )
     return loss, metrics
@@ -142,12 +139,23 @@ def kl_penalized_policy_loss(
     per_token = -advantages.detach() * ratio + beta * k3
     loss = aggregate_loss(per_token, m, agg)
     with torch.no_grad():
-        ratio_real = ratio.detach()[real]
         metrics = {
             "policy/clipfrac": torch.zeros((), dtype=m.dtype, device=m.device),
             "policy/approx_kl": masked_mean(k3.detach(), m),
-            "policy/ratio_mean": ratio_real.mean(),
-            "policy/ratio_min": ratio_real.min(),
-            "policy/ratio_max": ratio_real.max(),
+            **_ratio_stats(ratio.detach(), m),
         }
     return loss, metrics
+
+
+def _ratio_stats(ratio: torch.Tensor, m: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mean, min and max of the ratio over the real tokens of (B, T) `ratio` and 0/1 mask `m`.
+
+    With `torch.where` rather than `ratio[m.bool()]`: boolean indexing has a data-dependent
+    shape, so on a GPU it waits for the device (see `ppo_lab.syncs`); this is called per micro-batch.
+    """
+    real = m.bool()
+    return {
+        "policy/ratio_mean": masked_mean(ratio, m),
+        "policy/ratio_min": torch.where(real, ratio, torch.full_like(ratio, float("inf"))).min(),
+        "policy/ratio_max": torch.where(real, ratio, torch.full_like(ratio, float("-inf"))).max(),
+    }

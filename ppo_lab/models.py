@@ -98,11 +98,32 @@ def disable_dropout(model: nn.Module) -> nn.Module:
 
 
 def load_policy(name: str, trust_remote_code: bool = False) -> nn.Module:
-    """Any `AutoModelForCausalLM` from a hub name, a local folder, or `builtin:tiny`."""
+    """Any `AutoModelForCausalLM` from a hub name, a local folder, or `builtin:tiny`, in float32.
+
+    float32 whatever dtype the checkpoint was saved in: transformers 5 loads a bf16 checkpoint
+    (Qwen2.5, Llama 3) in bf16 by default, and AdamW on bf16 weights has no fp32 master copy:
+    at a learning rate of 1e-6 most updates are smaller than bf16's rounding step and vanish.
+    Mixed precision (`PPOConfig.precision`) runs the forwards in bf16 under autocast instead.
+    """
     from transformers import AutoModelForCausalLM
 
-    model = _load(AutoModelForCausalLM, name, "policy model", trust_remote_code=trust_remote_code)
+    model = _load(AutoModelForCausalLM, name, "policy model", trust_remote_code=trust_remote_code, dtype=torch.float32)
     return disable_dropout(model)
+
+
+def to_float32(model: nn.Module, role: str) -> nn.Module:
+    """Cast a model passed in by the caller to float32 (in place) if any weight is lower precision.
+
+    The weights that train need a float32 copy for the optimizer to update (see `load_policy`);
+    a warning says it happened, since the model's memory doubles.
+    """
+    low = sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32})
+    if low:
+        import warnings
+
+        warnings.warn(f"the {role} passed in has {', '.join(low)} weights; cast to float32 so that AdamW updates a full-precision copy (PPOConfig.precision = 'bf16' runs the forwards in bf16)", stacklevel=3)
+        model.float()
+    return model
 
 
 def make_reference(policy: nn.Module) -> nn.Module:
@@ -171,7 +192,8 @@ class Critic(nn.Module):
 
 
 def load_critic(name: str, trust_remote_code: bool = False) -> Critic:
-    """A separate critic from a causal LM (new head) or a 1-label sequence classifier (its head).
+    """A separate critic from a causal LM (new head) or a 1-label sequence classifier (its head),
+    in float32 whatever the checkpoint's dtype (it trains; see `load_policy`).
 
     Initialising from the reward model, as TRL and DeepSpeed-Chat do, starts the critic with a
     backbone that already tells good responses from bad ones.
@@ -181,9 +203,9 @@ def load_critic(name: str, trust_remote_code: bool = False) -> Critic:
     config = _load(AutoConfig, name, "critic config", trust_remote_code=trust_remote_code)
     archs = getattr(config, "architectures", None) or []
     if any(a.endswith("ForSequenceClassification") for a in archs) and config.num_labels == 1:
-        clf = _load(AutoModelForSequenceClassification, name, "critic model", trust_remote_code=trust_remote_code)
+        clf = _load(AutoModelForSequenceClassification, name, "critic model", trust_remote_code=trust_remote_code, dtype=torch.float32)
         head = getattr(clf, "score", None) or getattr(clf, "classifier", None)
         if isinstance(head, nn.Linear) and head.out_features == 1:
             return Critic(disable_dropout(clf.base_model), head)
-    backbone = _load(AutoModel, name, "critic model", trust_remote_code=trust_remote_code)
+    backbone = _load(AutoModel, name, "critic model", trust_remote_code=trust_remote_code, dtype=torch.float32)
     return Critic(disable_dropout(backbone), new_value_head(_hidden_size(backbone.config)))

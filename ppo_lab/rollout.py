@@ -66,10 +66,10 @@ def response_logits(model, query_ids, query_mask, response_ids, mask):
     """
     input_ids, attention, position_ids = full_sequence(query_ids, query_mask, response_ids, mask)
     p, r = query_ids.shape[1], response_ids.shape[1]
-    if supports_logits_to_keep(model):
-        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, logits_to_keep=r + 1)
-    else:
-        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids)
+    # use_cache=False: a scoring or training forward has no next token, so a KV cache for the
+    # whole sequence would only cost memory (and gradient checkpointing refuses it).
+    keep = {"logits_to_keep": r + 1} if supports_logits_to_keep(model) else {}
+    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False, **keep)
     logits = out[0] if isinstance(out, tuple) else out.logits
     values = out[1] if isinstance(out, tuple) else None
     logits = logits[:, -(r + 1) : -1]  # the position before each response token

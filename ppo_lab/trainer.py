@@ -56,6 +56,7 @@ from .estimators import get_advantage_estimator
 from .kl import kl_penalty
 from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLController
 from .logprobs import entropy_from_logits, logprobs_from_logits
+from ._checks import skip_value_checks
 from .masked import masked_mean, masked_whiten
 from .models import (
     PolicyWithValueHead,
@@ -65,6 +66,7 @@ from .models import (
     load_critic,
     load_tokenizer,
     make_reference,
+    to_float32,
 )
 from .rewards import check_scores, load_reward
 from .rollout import Rollout, critic_values, generate, response_logits, sample, score_tokens
@@ -75,6 +77,10 @@ from .value import clipped_value_loss
 class NonFiniteError(RuntimeError):
     """The run stopped because too many updates met nan or inf (see `PPOConfig.max_bad_updates`)."""
 
+
+# torch.compile's backend for `PPOConfig.torch_compile` (the tests switch to "eager", which traces
+# the same graphs in seconds instead of minutes on a CPU).
+COMPILE_BACKEND = "inductor"
 
 # Fixed stream numbers (not hash(), which changes between processes) for `_generator`.
 _STREAMS = {"sample": 1, "shuffle": 2, "eval": 3}
@@ -116,8 +122,9 @@ class PPOTrainer:
             mixed_precision="no" if cfg.precision == "fp32" else cfg.precision,
             log_with=log_with,
             project_dir=cfg.output_dir,
-            dynamo_backend="inductor" if cfg.torch_compile else "no",
+            dynamo_backend=COMPILE_BACKEND if cfg.torch_compile else "no",
         )
+        check_distributed_backend(self.accelerator.distributed_type)
         cfg.check_divisibility(self.accelerator.num_processes)
         self.device = self.accelerator.device
 
@@ -147,6 +154,8 @@ class PPOTrainer:
             # an SFT model saved as a LoRA adapter is merged into its base first, so that the
             # reference (and a PPO adapter switched off) is the SFT policy, not the base model
             policy = load_maybe_adapter(cfg.policy_model, cfg.trust_remote_code)
+        else:
+            policy = to_float32(policy, "policy")
         # A model passed in keeps the dropout it was built with; off, as for a loaded one, or the
         # first update step would not be on-policy.
         lm = disable_dropout(policy)
@@ -238,11 +247,26 @@ class PPOTrainer:
                 if n == 0:
                     raise ValueError(f"prompt {i} is empty after tokenization")
 
+    def _bare(self, model):
+        """`model` without accelerate's wrappers (DDP, torch.compile; the mixed-precision
+        forward is kept): what its own attributes, state dict and value head belong to."""
+        return self.accelerator.unwrap_model(model, keep_torch_compile=False)
+
     @property
     def lm(self):
         """The bare causal LM inside the (possibly wrapped) policy, for generation and saving."""
-        policy = self.accelerator.unwrap_model(self.policy)
+        policy = self._bare(self.policy)
         return policy.lm if isinstance(policy, PolicyWithValueHead) else policy
+
+    def _modes(self, training: bool) -> None:
+        """Train mode for the update, eval mode for sampling and scoring, for every model that trains.
+
+        Dropout is off either way; the mode matters for gradient checkpointing, which is active
+        in train mode only and, in a decoding step, would drop the KV cache.
+        """
+        for model in (self.policy, self.critic):
+            if model is not None:
+                model.train(training)
 
     def next_prompts(self) -> list[str]:
         """The next `rollout_batch_size / responses_per_prompt` prompts, reshuffled every epoch."""
@@ -273,23 +297,6 @@ class PPOTrainer:
             tensor = self.accelerator.pad_across_processes(tensor, dim=1, pad_index=pad_value, pad_first=pad_first)
         return self.accelerator.gather(tensor)
 
-    def _full_weights(self):
-        """The sampling loop calls the bare LM, so sharded weights (FSDP, ZeRO-3) are gathered
-        for it; under DDP or on one device there is nothing to do."""
-        from accelerate.utils import DistributedType
-
-        kind = self.accelerator.distributed_type
-        if kind == DistributedType.FSDP:
-            from torch.distributed.fsdp import FullyShardedDataParallel
-
-            return FullyShardedDataParallel.summon_full_params(self.policy, writeback=False)
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if kind == DistributedType.DEEPSPEED and plugin is not None and plugin.zero_stage == 3:
-            import deepspeed
-
-            return deepspeed.zero.GatheredParameters(list(self.lm.parameters()))
-        return contextlib.nullcontext()
-
     # ------------------------------------------------------------------------------------
     @torch.no_grad()
     def rollout(self, prompts: list[str]) -> Rollout:
@@ -305,20 +312,25 @@ class PPOTrainer:
         mine = repeated[lo:hi]
         uniforms = torch.rand(len(repeated), cfg.max_new_tokens, generator=self._generator("sample"))[lo:hi]
         stop_ids = [] if cfg.ignore_eos else self.stop_ids
-        self.policy.eval()
+        self._modes(training=False)
         from_sampling = self.old_logprobs_from == "sampling"
-        policy = self.accelerator.unwrap_model(self.policy)
+        policy = self._bare(self.policy)
         value_head = policy.v_head if from_sampling and isinstance(policy, PolicyWithValueHead) else None
-        with self._full_weights():
+        # One autocast region for every forward of the rollout: the sampling loop (which calls
+        # the bare LM, outside the wrapper accelerate puts on the policy's forward), the
+        # reference and the critic all run in the same precision, so the KL to the reference is
+        # exactly 0 before the first update in bf16 too; and the bf16 copies of the fp32
+        # weights are made once per rollout, not once per generated token.
+        with self.accelerator.autocast():
             drawn = sample(
                 self.lm, self.tokenizer, mine, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids, self.device,
                 uniforms=uniforms, with_logprobs=from_sampling, value_head=value_head,
             )
-        query_ids, query_mask, response_ids, mask = drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask
-        logprobs, ref_logprobs, values, entropy = score_tokens(
-            self.policy, self.reference, self.critic, query_ids, query_mask, response_ids, mask, cfg.temperature,
-            logprobs=drawn.logprobs, entropy=drawn.entropy, values=drawn.values,
-        )
+            query_ids, query_mask, response_ids, mask = drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask
+            logprobs, ref_logprobs, values, entropy = score_tokens(
+                self.policy, self.reference, self.critic, query_ids, query_mask, response_ids, mask, cfg.temperature,
+                logprobs=drawn.logprobs, entropy=drawn.entropy, values=drawn.values,
+            )
         responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         scores = check_scores(self.reward_fn(mine, responses), len(mine), f"reward {self.reward_name}", finite=False).to(self.device)
         has_eos = torch.isin(response_ids, torch.tensor(stop_ids, dtype=torch.long, device=self.device)).any(dim=1)
@@ -402,8 +414,8 @@ class PPOTrainer:
         collected: dict[str, list[torch.Tensor]] = {}
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         shuffle = self._generator("shuffle")
-        self.policy.train()
-        steps, stop = 0, False
+        self._modes(training=True)
+        steps, overflows, stop = 0, 0, False
         for _ in range(cfg.ppo_epochs):
             if stop:
                 break
@@ -421,7 +433,7 @@ class PPOTrainer:
                 # The norm is taken after DDP's all-reduce, so every process sees the same value
                 # and makes the same skip decision.
                 norm = self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf)
-                norm = torch.as_tensor(norm).detach().float()
+                norm = torch.as_tensor(norm).detach().float().to(self.device)
                 # Early stop on a target KL (Stable-Baselines3's `target_kl`; CleanRL and Spinning
                 # Up check once per epoch): this minibatch's approx KL, measured before its step,
                 # says how far the steps so far moved the policy from the one that sampled the
@@ -429,18 +441,27 @@ class PPOTrainer:
                 # updates that moved it up to 24 nats per token without this made the next
                 # rollout stop ending its responses (the KL spikes of the default run). The first
                 # minibatch is on-policy (approx KL 0), so every update takes at least one step.
+                kl = torch.zeros_like(norm)
                 if cfg.target_kl is not None and step_metrics.get("policy/approx_kl"):
                     kl = torch.stack([v.float() for v in step_metrics["policy/approx_kl"]]).mean()
                     if world > 1:
                         kl = self.accelerator.reduce(kl, reduction="mean")  # all processes decide alike
-                    if kl.item() > cfg.target_kl:
-                        self.optimizer.zero_grad(set_to_none=True)
-                        stop = True
-                        break
-                if not bool(torch.isfinite(norm)):
+                # The one read-back to the host per minibatch: both decisions at once.
+                kl_value, norm_value = torch.stack([kl, norm]).tolist()
+                if cfg.target_kl is not None and kl_value > cfg.target_kl:
+                    self._discard_gradients()
+                    stop = True
+                    break
+                if not math.isfinite(norm_value):
+                    self._discard_gradients()
                     bad = [k for k, vs in step_metrics.items() if not all(bool(torch.isfinite(v).all()) for v in vs)]
-                    self._skipped.append(("gradients", "policy/grad_norm", f"{norm.item()}" + (f"; non-finite: {', '.join(bad)}" if bad else "")))
-                    self.optimizer.zero_grad(set_to_none=True)
+                    if self.accelerator.scaler is not None and not bad:
+                        # fp16: the loss scale was too large for these gradients. The scaler has
+                        # just lowered it; this is how fp16 training normally starts, not a
+                        # failed update.
+                        overflows += 1
+                        continue
+                    self._skipped.append(("gradients", "policy/grad_norm", f"{norm_value}" + (f"; non-finite: {', '.join(bad)}" if bad else "")))
                     continue
                 for key, values in step_metrics.items():
                     collected.setdefault(key, []).extend(values)
@@ -451,22 +472,44 @@ class PPOTrainer:
                 steps += 1
         keys = sorted(collected)
         if not keys:
-            return {}
+            return {"train/overflow_steps": float(overflows)} if self.accelerator.scaler is not None else {}
         means = torch.stack([torch.stack([v.float() for v in collected[k]]).mean() for k in keys])
         if world > 1:
             means = self.accelerator.reduce(means, reduction="mean")
-        return {**dict(zip(keys, means.tolist())), "policy/steps": float(steps)}
+        out = {**dict(zip(keys, means.tolist())), "policy/steps": float(steps)}
+        if self.accelerator.scaler is not None:
+            out["train/overflow_steps"] = float(overflows)
+        return out
+
+    def _discard_gradients(self) -> None:
+        """Drop this minibatch's gradients without an optimizer step.
+
+        Under fp16 the grad scaler has already unscaled them (in `clip_grad_norm_`) and refuses
+        to unscale again until `update()`; `update()` also lowers the scale when they overflowed.
+        """
+        if self.accelerator.scaler is not None:
+            self.accelerator.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _rollout_problems(self, ro: Rollout) -> list[tuple[str, str, str]]:
         """(phase, metric, detail) for every non-finite quantity of a rollout."""
+        real = ro.mask.bool()
+        named = {"rollout/logprobs": ro.logprobs, "rollout/ref_logprobs": ro.ref_logprobs, "rollout/values": ro.values}
+        named = {k: v for k, v in named.items() if v is not None}
+        # One read-back for the whole batch: is the mask 0/1 with a real token in every row, and
+        # is each quantity finite (on real tokens)? The advantages and the update then run
+        # without per-call value checks (`skip_value_checks`).
+        mask_ok = ((ro.mask == 0) | (ro.mask == 1)).all() & real.any(dim=1).all()
+        finite = torch.stack([mask_ok, torch.isfinite(ro.scores).all()] + [(torch.isfinite(v) | ~real).all() for v in named.values()]).tolist()
+        if not finite.pop(0):
+            raise ValueError("the rollout's response mask must hold only 0 and 1, with at least one real token in every row")
         found = []
-        bad = ~torch.isfinite(ro.scores)
-        if bool(bad.any()):
+        if not finite[0]:
+            bad = ~torch.isfinite(ro.scores)
             rows = torch.nonzero(bad).flatten()[:5].tolist()
             found.append(("reward", "reward/score_mean", f"reward {self.reward_name} returned {ro.scores[bad][:5].tolist()} for responses {rows}"))
-        real = ro.mask.bool()
-        for name, tensor in (("rollout/logprobs", ro.logprobs), ("rollout/ref_logprobs", ro.ref_logprobs), ("rollout/values", ro.values)):
-            if tensor is not None and not bool(torch.isfinite(tensor[real]).all()):
+        for name, ok in zip(named, finite[1:]):
+            if not ok:
                 found.append(("rollout", name, "non-finite on real response tokens"))
         return found
 
@@ -486,38 +529,46 @@ class PPOTrainer:
         if self._skipped:
             metrics, advantages = {}, None
         else:
-            rewards, advantages, returns = self.advantages(ro)
-            metrics = self.update(ro, advantages, returns)
+            with skip_value_checks():  # the rollout was checked once, just above
+                rewards, advantages, returns = self.advantages(ro)
+                metrics = self.update(ro, advantages, returns)
         t2 = time.perf_counter()
 
         kl_per_seq = (kl_penalty(ro.logprobs, ro.ref_logprobs, "k1") * ro.mask).sum(1)
-        mean_kl = kl_per_seq.mean().item()
+        with skip_value_checks():  # the mask was checked in `_rollout_problems`
+            stats = {
+                "reward/score_mean": ro.scores.mean(),
+                "reward/score_std": ro.scores.std() if len(ro) > 1 else torch.zeros(()),
+                "reward/eos_fraction": ro.has_eos.float().mean(),
+                "objective/kl": kl_per_seq.mean(),
+                "objective/entropy": masked_mean(ro.entropy, ro.mask),
+                "objective/non_score_reward": (-beta * kl_per_seq).mean() if cfg.kl_in == "reward" else torch.zeros(()),
+                "objective/rlhf_reward": (ro.scores - beta * kl_per_seq).mean(),
+                "response/length_mean": ro.mask.sum(1).float().mean(),
+                "advantages/mean": masked_mean(advantages, ro.mask) if advantages is not None else torch.full((), math.nan),
+                "tokens": ro.mask.sum().float(),
+            }
+        # one read-back for all of them
+        stats = dict(zip(stats, torch.stack([v.detach().float().to(self.device) for v in stats.values()]).tolist()))
+        n_tokens = stats.pop("tokens")
+        mean_kl = stats["objective/kl"]
         bad_iteration = bool(self._skipped)
         if not bad_iteration:
             if self.penalty_ctl is not None:
                 metrics["policy/penalty_beta"] = self.penalty_ctl.value
                 self.penalty_ctl.update(metrics["policy/approx_kl"])
             self.kl_ctl.update(mean_kl, len(ro))
-        n_tokens = ro.mask.sum().item()
         self.iteration += 1
         metrics.update(
             {
                 "iteration": self.iteration,
-                "reward/score_mean": ro.scores.mean().item(),
-                "reward/score_std": ro.scores.std().item() if len(ro) > 1 else 0.0,
-                "reward/eos_fraction": ro.has_eos.float().mean().item(),
-                "objective/kl": mean_kl,
-                "objective/entropy": masked_mean(ro.entropy, ro.mask).item(),
-                "objective/non_score_reward": (-beta * kl_per_seq).mean().item() if cfg.kl_in == "reward" else 0.0,
-                "objective/rlhf_reward": (ro.scores - beta * kl_per_seq).mean().item(),
-                "response/length_mean": ro.mask.sum(1).mean().item(),
-                "advantages/mean": masked_mean(advantages, ro.mask).item() if advantages is not None else math.nan,
+                **stats,
                 "kl/coef": beta,
                 "train/skipped_updates": float(bad_iteration),
                 "time/rollout": t1 - t0,
                 "time/update": t2 - t1,
                 "perf/tokens_per_s": n_tokens / max(t2 - t0, 1e-9),
-                "perf/peak_memory_mb": peak_memory_mb(self.device),
+                "perf/peak_memory_mb": self._peak_memory_mb(),
                 "lr": self.scheduler.get_last_lr()[0],
             }
         )
@@ -538,6 +589,16 @@ class PPOTrainer:
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         return metrics
 
+    def _peak_memory_mb(self) -> float:
+        """This iteration's peak on CUDA (the counter is reset for the next), the largest over
+        the processes; on a CPU the process's peak since it started (it cannot be reset)."""
+        peak = peak_memory_mb(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.accelerator.num_processes > 1:
+            peak = self.accelerator.reduce(torch.tensor(peak, device=self.device), reduction="max").item()
+        return peak
+
     # ------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, n: int | None = None, seed: int | None = None) -> list[dict]:
@@ -551,7 +612,8 @@ class PPOTrainer:
         draws = torch.Generator().manual_seed((cfg.seed if seed is None else seed) * 8 + _STREAMS["eval"])
         uniforms = torch.rand(len(prompts), cfg.max_new_tokens, generator=draws)
         stop_ids = [] if cfg.ignore_eos else self.stop_ids
-        with self._full_weights():
+        self._modes(training=False)
+        with self.accelerator.autocast():
             _, _, response_ids, _ = generate(self.lm, self.tokenizer, prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids, self.device, uniforms=uniforms)
         responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         scores = check_scores(self.reward_fn(prompts, responses), len(prompts), f"reward {self.reward_name}", finite=False)
@@ -663,19 +725,15 @@ class PPOTrainer:
         root = self.output_dir / "checkpoints"
         path = root / ckpt.checkpoint_name(self.iteration)
         if self.accelerator.is_main_process:
-            tensors = {"policy": self.accelerator.get_state_dict(self.policy)}
+            tensors = {"policy": self._bare(self.policy).state_dict()}
             if self.critic is not None:
-                tensors["critic"] = self.accelerator.get_state_dict(self.critic)
+                tensors["critic"] = self._bare(self.critic).state_dict()
             rng = {"torch": torch.get_rng_state()}
             if torch.cuda.is_available():
                 rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
             tensors["rng"] = rng
             objects = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
             path = ckpt.save_checkpoint(root, self.iteration, tensors, objects, self._state(), keep=self.config.keep_checkpoints)
-        else:
-            self.accelerator.get_state_dict(self.policy)  # a collective under FSDP / ZeRO-3
-            if self.critic is not None:
-                self.accelerator.get_state_dict(self.critic)
         self.accelerator.wait_for_everyone()
         return path
 
@@ -702,11 +760,11 @@ class PPOTrainer:
             raise ValueError(f"no valid checkpoint to resume from in {str(root)!r} (resume_from = {str(where)!r})")
         tensors, objects, state = ckpt.load_checkpoint(path)
         self._check_resume_config(state["config"], path)
-        self.accelerator.unwrap_model(self.policy).load_state_dict(tensors["policy"])
+        self._bare(self.policy).load_state_dict(tensors["policy"])
         if self.critic is not None:
             if "critic" not in tensors:
                 raise ValueError(f"checkpoint {str(path)!r} has no critic, but this run uses a separate critic")
-            self.accelerator.unwrap_model(self.critic).load_state_dict(tensors["critic"])
+            self._bare(self.critic).load_state_dict(tensors["critic"])
         self.optimizer.load_state_dict(objects["optimizer"])
         self.scheduler.load_state_dict(objects["scheduler"])
         self.kl_ctl.load_state_dict(state["kl_ctl"])
@@ -758,6 +816,27 @@ def _tupled(state):
     return tuple(tuple(x) if isinstance(x, list) else x for x in state)
 
 
+def check_distributed_backend(kind) -> None:
+    """Refuse the accelerate backends under which this trainer is not known to be correct.
+
+    One process, and DDP over several (`accelerate launch --multi_gpu`, or CPU processes),
+    are what runs: tests/test_distributed.py checks that 2 processes compute what 1 does.
+    FSDP and DeepSpeed need more than a wrapper here (the optimizer built after `prepare`,
+    sharded checkpoints, a global gradient norm, DeepSpeed's own optimizer step inside
+    `backward`), and none of it could be run and checked, so they are refused rather than
+    allowed to train silently wrong.
+    """
+    name = getattr(kind, "value", str(kind))
+    if name == "NO" or name.startswith("MULTI_"):
+        return
+    raise ValueError(
+        f"accelerate's distributed type {name} is not supported by ppo_lab: it runs on one device, or on "
+        "several with DDP (accelerate launch --multi_gpu). FSDP and DeepSpeed are refused because their "
+        "optimizer, checkpoint and gradient-clipping paths are not implemented or tested in ppo_lab; to fit a "
+        "larger model on each GPU use lora_r, gradient_checkpointing and precision: bf16"
+    )
+
+
 def enable_checkpointing(model) -> None:
     """Turn on activation (gradient) checkpointing in a transformers model, non-reentrant:
     that variant works with frozen inputs (LoRA) and is inactive in no-grad generation."""
@@ -769,7 +848,8 @@ def enable_checkpointing(model) -> None:
 
 
 def peak_memory_mb(device) -> float:
-    """Peak GPU memory allocated on CUDA, else the process's peak resident memory, in MB."""
+    """Peak GPU memory allocated on CUDA (since the last reset), else the process's peak
+    resident memory since it started, in MB."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB

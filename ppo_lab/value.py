@@ -35,9 +35,8 @@ def explained_variance(
     # Biased variances: the n/(n-1) factors cancel in the ratio, and one real token is allowed.
     var_returns = masked_var(returns, m, unbiased=False)
     var_error = masked_var(returns - values, m, unbiased=False)
-    if bool(var_returns == 0):
-        return torch.full_like(var_returns, float("nan"))
-    return 1.0 - var_error / var_returns
+    # torch.where rather than an `if`: no read-back to the host (see `ppo_lab.syncs`)
+    return torch.where(var_returns == 0, torch.full_like(var_returns, float("nan")), 1.0 - var_error / var_returns)
 
 
 def clipped_value_loss(
