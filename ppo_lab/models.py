@@ -117,7 +117,9 @@ def to_float32(model: nn.Module, role: str) -> nn.Module:
     The weights that train need a float32 copy for the optimizer to update (see `load_policy`);
     a warning says it happened, since the model's memory doubles.
     """
-    low = sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32})
+    if getattr(model, "is_quantized", False):
+        return model  # quantized weights (bitsandbytes) cannot be cast; only adapters on them train
+    low = sorted({str(p.dtype) for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)})
     if low:
         import warnings
 

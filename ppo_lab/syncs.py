@@ -6,9 +6,11 @@ kernels; any call that needs a tensor's *value* on the host (`.item()`, `bool(t)
 A training loop that does it in every micro-batch leaves the GPU idle between kernels.
 
 On a CPU nothing waits, but the same calls are made, so they can be counted anywhere: a
-`torch.overrides.TorchFunctionMode` sees every torch call and `SyncCounter` tallies the ones that
-read values back. The tally is an upper bound for a GPU run, because a few of the tensors read
-(the reward's scores, the sampling draws) live on the CPU there too.
+`torch.overrides.TorchFunctionMode` sees every torch call made from Python and `SyncCounter`
+tallies the ones that read values back. It is not an exact count for a GPU run: a few of the
+tensors it sees read live on the CPU there (the reward's scores), while copies between host and
+device (`.to(device)`, `torch.tensor(..., device=...)`) and syncs inside single C++ ops are not
+counted.
 
     with SyncCounter() as syncs:
         trainer.step()

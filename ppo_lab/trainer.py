@@ -317,8 +317,9 @@ class PPOTrainer:
         policy = self._bare(self.policy)
         value_head = policy.v_head if from_sampling and isinstance(policy, PolicyWithValueHead) else None
         # One autocast region for every forward of the rollout: the sampling loop (which calls
-        # the bare LM, outside the wrapper accelerate puts on the policy's forward), the
-        # reference and the critic all run in the same precision, so the KL to the reference is
+        # the bare LM, outside the autocast wrapper accelerate puts on the prepared model's
+        # forward when that model is a `PolicyWithValueHead`), the reference (never prepared)
+        # and the critic all run in the same precision, so the KL to the reference is
         # exactly 0 before the first update in bf16 too; and the bf16 copies of the fp32
         # weights are made once per rollout, not once per generated token.
         with self.accelerator.autocast():
@@ -471,12 +472,13 @@ class PPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 steps += 1
         keys = sorted(collected)
-        if not keys:
-            return {"train/overflow_steps": float(overflows)} if self.accelerator.scaler is not None else {}
-        means = torch.stack([torch.stack([v.float() for v in collected[k]]).mean() for k in keys])
-        if world > 1:
-            means = self.accelerator.reduce(means, reduction="mean")
-        out = {**dict(zip(keys, means.tolist())), "policy/steps": float(steps)}
+        out = {}
+        if keys:
+            means = torch.stack([torch.stack([v.float() for v in collected[k]]).mean() for k in keys])
+            if world > 1:
+                means = self.accelerator.reduce(means, reduction="mean")
+            out = dict(zip(keys, means.tolist()))
+        out["policy/steps"] = float(steps)
         if self.accelerator.scaler is not None:
             out["train/overflow_steps"] = float(overflows)
         return out
@@ -499,10 +501,13 @@ class PPOTrainer:
         # One read-back for the whole batch: is the mask 0/1 with a real token in every row, and
         # is each quantity finite (on real tokens)? The advantages and the update then run
         # without per-call value checks (`skip_value_checks`).
-        mask_ok = ((ro.mask == 0) | (ro.mask == 1)).all() & real.any(dim=1).all()
+        mask_ok = ((ro.mask == 0) | (ro.mask == 1)).all() & real.any(dim=1).all() & (real.sum() >= (2 if self.config.whiten_advantages else 1))
         finite = torch.stack([mask_ok, torch.isfinite(ro.scores).all()] + [(torch.isfinite(v) | ~real).all() for v in named.values()]).tolist()
         if not finite.pop(0):
-            raise ValueError("the rollout's response mask must hold only 0 and 1, with at least one real token in every row")
+            raise ValueError(
+                "the rollout's response mask must hold only 0 and 1, with at least one real token in every row "
+                "(and two in all to whiten the advantages: with rollout_batch_size = 1, set whiten_advantages to false)"
+            )
         found = []
         if not finite[0]:
             bad = ~torch.isfinite(ro.scores)
@@ -521,6 +526,8 @@ class PPOTrainer:
         `max_bad_updates` updates have been skipped a `NonFiniteError` stops the run.
         """
         cfg = self.config
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
         ro = self.rollout(self.next_prompts())
         t1 = time.perf_counter()
@@ -554,7 +561,7 @@ class PPOTrainer:
         mean_kl = stats["objective/kl"]
         bad_iteration = bool(self._skipped)
         if not bad_iteration:
-            if self.penalty_ctl is not None:
+            if self.penalty_ctl is not None and "policy/approx_kl" in metrics:  # absent if no step was taken (fp16 overflows)
                 metrics["policy/penalty_beta"] = self.penalty_ctl.value
                 self.penalty_ctl.update(metrics["policy/approx_kl"])
             self.kl_ctl.update(mean_kl, len(ro))
@@ -590,13 +597,12 @@ class PPOTrainer:
         return metrics
 
     def _peak_memory_mb(self) -> float:
-        """This iteration's peak on CUDA (the counter is reset for the next), the largest over
-        the processes; on a CPU the process's peak since it started (it cannot be reset)."""
+        """This iteration's peak on CUDA (the counter is reset when `step` starts, so evaluation
+        and checkpointing in between count for neither), the largest over the processes; on a
+        CPU the process's peak since it started (it cannot be reset)."""
         peak = peak_memory_mb(self.device)
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
         if self.accelerator.num_processes > 1:
-            peak = self.accelerator.reduce(torch.tensor(peak, device=self.device), reduction="max").item()
+            peak = self.accelerator.gather(torch.tensor([peak], device=self.device)).max().item()
         return peak
 
     # ------------------------------------------------------------------------------------
@@ -760,6 +766,8 @@ class PPOTrainer:
             raise ValueError(f"no valid checkpoint to resume from in {str(root)!r} (resume_from = {str(where)!r})")
         tensors, objects, state = ckpt.load_checkpoint(path)
         self._check_resume_config(state["config"], path)
+        # checkpoints of compiled runs written before the wrapper was stripped on save
+        tensors = {k: {n.replace("_orig_mod.", ""): t for n, t in sd.items()} if k in ("policy", "critic") else sd for k, sd in tensors.items()}
         self._bare(self.policy).load_state_dict(tensors["policy"])
         if self.critic is not None:
             if "critic" not in tensors:

@@ -1,7 +1,7 @@
 """No combination of the trainer's switches crashes or trains silently wrong.
 
 Every pair of values of the switches below appears together in at least one run (pairwise
-covering, from allpairspy): about 30 runs instead of the tens of thousands of the full product.
+covering, from allpairspy, topped up where its greedy search misses a pair): 34 runs instead of the tens of thousands of the full product.
 Each run trains 2 iterations with evaluation and a checkpoint after each, then resumes from the
 last checkpoint, and must: take optimizer steps, change the trainable weights, keep every
 metric finite, start on-policy (the KL to the reference is 0 before the first update) and
@@ -106,8 +106,11 @@ def test_a_combination_trains_evaluates_saves_and_resumes(tiny_path, tmp_path, m
     assert [n for n, p in trainable.items() if torch.equal(now[n], p)] == []
     # on-policy at the start: the reference is the initial policy. Log-probs from the sampling
     # loop's cached bf16 forward differ from a full forward by ~1e-2 nats (why "auto" avoids them).
-    cached_bf16 = case["precision"] == "bf16" and case["old_logprobs"] == "sampling"
-    assert abs(history[0]["objective/kl"]) < (0.5 if cached_bf16 else 1e-4)
+    from_sampling = case["old_logprobs"] == "sampling" or (case["old_logprobs"] == "auto" and case["precision"] == "fp32")
+    if not from_sampling:
+        assert history[0]["objective/kl"] == 0.0  # the same forward as the reference's
+    else:
+        assert abs(history[0]["objective/kl"]) < (0.5 if case["precision"] == "bf16" else 1e-4)
     assert trainer.evaluate(2)
     resumed = PPOTrainer(dataclasses.replace(cfg, resume_from="latest"))
     assert resumed.iteration == 2 and resumed.kl_ctl.value == trainer.kl_ctl.value

@@ -61,7 +61,7 @@ def test_pyproject_declares_every_package_ppo_lab_imports():
         re.split(r"[<>=!~\[ ;]", dep, maxsplit=1)[0].lower().replace("_", "-")
         for dep in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
     }
-    optional = {"deepspeed", "myst_nb"}  # imported only inside try/except ImportError (ZeRO-3 gather; glue in the book build)
+    optional = {"myst_nb"}  # imported only inside try/except ImportError (glue in the book build)
     to_dist = importlib.metadata.packages_distributions()
     missing = set()
     for path in (root / "ppo_lab").rglob("*.py"):

@@ -253,3 +253,23 @@ def test_sharded_backends_are_refused_with_what_is_supported(kind):
         check_distributed_backend(DistributedType[kind])
     for ok in ("NO", "MULTI_CPU", "MULTI_GPU"):
         check_distributed_backend(DistributedType[ok])
+
+
+def test_the_trainer_refuses_fsdp_at_start_up(tiny_path, tmp_path, monkeypatch):
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    monkeypatch.setattr(Accelerator, "distributed_type", property(lambda self: DistributedType.FSDP))
+    with pytest.raises(ValueError, match="distributed type FSDP is not supported"):
+        PPOTrainer(small_config(tmp_path))
+
+
+def test_fp16_iteration_where_every_step_overflows_is_not_an_error(tiny_path, tmp_path):
+    # No step taken means no approx KL for PPO-penalty's controller: it keeps its beta.
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, policy_loss="kl_penalty", target_kl=None))
+    _emulate_fp16_loss_scaling(trainer, torch.amp.GradScaler("cpu", init_scale=2.0**10))
+    beta = trainer.penalty_ctl.value
+    next(p for p in trainer.lm.parameters() if p.requires_grad).register_hook(lambda g: torch.full_like(g, float("inf")))
+    metrics = trainer.step()
+    assert metrics["policy/steps"] == 0.0 and metrics["train/overflow_steps"] == 2 * (16 // 8)
+    assert trainer.penalty_ctl.value == beta and trainer.bad_updates == 0

@@ -1,0 +1,60 @@
+"""The CUDA-only paths: run where a GPU is present, skipped elsewhere (CI has none).
+
+On a CPU the same loop is tested with a CPU grad scaler and CPU bf16 autocast (test_scale.py);
+these check the real thing: accelerate's fp16 scaler and autocast on CUDA, and the per-iteration
+peak-memory reading.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import small_config, stable
+from ppo_lab.trainer import PPOTrainer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("critic", ["separate", "shared"])
+def test_mixed_precision_on_cuda_trains_evaluates_saves_and_resumes(tiny_path, tmp_path, precision, critic):
+    cfg = small_config(tmp_path, total_iterations=3, precision=precision, critic=critic, eval_interval=1, save_interval=1)
+    trainer = PPOTrainer(cfg)
+    assert trainer.device.type == "cuda"
+    assert (trainer.accelerator.scaler is not None) == (precision == "fp16")
+    history = trainer.train()
+    assert history[0]["objective/kl"] == 0.0  # every role ran in one precision
+    assert all(m["train/skipped_updates"] == 0.0 for m in history)
+    assert all(v == v for m in history for v in stable(m).values() if isinstance(v, float))
+    assert {p.dtype for g in trainer.optimizer.param_groups for p in g["params"]} == {torch.float32}
+    resumed = PPOTrainer(dataclasses.replace(cfg, resume_from="latest"))
+    for a, b in zip(trainer.lm.state_dict().values(), resumed.lm.state_dict().values()):
+        torch.testing.assert_close(a, b.to(a.device), rtol=0, atol=0)
+
+
+def test_fp16_overflow_on_cuda_lowers_the_scale_and_training_goes_on(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, precision="fp16", target_kl=None))
+    scale = trainer.accelerator.scaler.get_scale()
+    param = next(p for p in trainer.lm.parameters() if p.requires_grad)
+    calls = {"n": 0}
+
+    def overflow_once(grad):
+        calls["n"] += 1
+        return torch.full_like(grad, float("inf")) if calls["n"] == 1 else grad
+
+    param.register_hook(overflow_once)
+    metrics = trainer.step()
+    assert metrics["train/overflow_steps"] >= 1.0 and trainer.bad_updates == 0
+    assert trainer.accelerator.scaler.get_scale() < scale
+
+
+def test_peak_memory_is_per_iteration_on_cuda(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2))
+    first = trainer.step()["perf/peak_memory_mb"]
+    big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 256 MB, freed at once
+    del big
+    assert torch.cuda.max_memory_allocated() / 2**20 >= 256
+    trainer._peak_memory_mb()  # reads this peak and resets the counter
+    second = trainer.step()["perf/peak_memory_mb"]
+    assert second < first + 256  # the 256 MB spike belonged to no iteration
