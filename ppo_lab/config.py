@@ -64,6 +64,7 @@ class PPOConfig:
     rollout_batch_size: int = _f(64, "Responses sampled per PPO iteration (global: each of N processes samples rollout_batch_size / N).")
     responses_per_prompt: int = _f(1, "Responses sampled for each prompt (>1 for rloo/grpo).")
     minibatch_size: int = _f(16, "Responses per optimizer step (global); must divide rollout_batch_size.")
+    forward_batch_size: int | None = _f(None, "Responses per scoring forward in the rollout (policy, reference, critic), on each process; None = its whole share at once. Lower it on a GPU to bound the memory of the (responses x length x vocabulary) logits.")
     gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch on each process; a micro-batch holds minibatch_size / (gradient_accumulation_steps x processes) responses.")
     ppo_epochs: int = _f(4, "Passes over each rollout batch.")
     total_iterations: int = _f(60, "PPO iterations (rollout + update) to run.")
@@ -144,6 +145,8 @@ class PPOConfig:
         for name in positive_ints:
             if getattr(self, name) < 1:
                 raise ValueError(f"PPOConfig.{name} = {getattr(self, name)!r} must be an integer >= 1")
+        if self.forward_batch_size is not None and self.forward_batch_size < 1:
+            raise ValueError(f"PPOConfig.forward_batch_size = {self.forward_batch_size!r} must be an integer >= 1 (or None)")
         for name in ["warmup_steps", "eval_interval", "save_interval", "top_k", "lora_r"]:
             if getattr(self, name) < 0:
                 raise ValueError(f"PPOConfig.{name} = {getattr(self, name)!r} must be an integer >= 0")

@@ -187,9 +187,14 @@ class Critic(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head = head
+        import inspect
+
+        # a decoder backbone would build a KV cache for the whole sequence, used by nothing
+        takes = "use_cache" in inspect.signature(backbone.forward).parameters
+        self._no_cache = {"use_cache": False} if takes else {}
 
     def forward(self, input_ids, attention_mask, position_ids):
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **self._no_cache).last_hidden_state
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)  # (B, L)
 
 

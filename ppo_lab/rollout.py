@@ -231,13 +231,26 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperat
 
 
 @torch.no_grad()
-def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids, mask, temperature, *, logprobs=None, entropy=None, values=None):
+def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids, mask, temperature, *, logprobs=None, entropy=None, values=None, batch_size=None):
     """Old log-probs, reference log-probs, values and entropy of the sampled tokens.
 
     `critic` is None when the policy carries the value head (its forward returns values too).
     Whatever the sampling loop already computed (`logprobs` with `entropy`, `values`) is used
-    as given, and a forward that would only recompute it is skipped.
+    as given, and a forward that would only recompute it is skipped. `batch_size` (default: all
+    rows at once) scores that many rows per forward, which bounds the (rows, R, vocabulary)
+    logits held at once; each row's results do not depend on it beyond float round-off.
     """
+    n = query_ids.shape[0]
+    if batch_size is not None and batch_size < n:
+        parts = [
+            score_tokens(
+                policy, reference, critic, query_ids[i : i + batch_size], query_mask[i : i + batch_size],
+                response_ids[i : i + batch_size], mask[i : i + batch_size], temperature,
+                **{k: v[i : i + batch_size] if v is not None else None for k, v in (("logprobs", logprobs), ("entropy", entropy), ("values", values))},
+            )
+            for i in range(0, n, batch_size)
+        ]
+        return tuple(torch.cat(list(column)) if column[0] is not None else None for column in zip(*parts))
     need_values = critic is None and values is None and _unwrap(policy, "v_head") is not None
     if logprobs is None or need_values:
         logits, head_values = response_logits(policy, query_ids, query_mask, response_ids, mask)

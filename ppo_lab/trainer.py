@@ -330,7 +330,7 @@ class PPOTrainer:
             query_ids, query_mask, response_ids, mask = drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask
             logprobs, ref_logprobs, values, entropy = score_tokens(
                 self.policy, self.reference, self.critic, query_ids, query_mask, response_ids, mask, cfg.temperature,
-                logprobs=drawn.logprobs, entropy=drawn.entropy, values=drawn.values,
+                logprobs=drawn.logprobs, entropy=drawn.entropy, values=drawn.values, batch_size=cfg.forward_batch_size,
             )
         responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         scores = check_scores(self.reward_fn(mine, responses), len(mine), f"reward {self.reward_name}", finite=False).to(self.device)

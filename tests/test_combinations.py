@@ -35,6 +35,7 @@ SWITCHES = {
     "target_kl": [None, 0.1],
     "max_grad_norm": [None, 1.0],
     "whiten_advantages": [True, False],
+    "forward_batch_size": [None, 3],
 }
 BASE = dict(responses_per_prompt=2, total_iterations=2, eval_interval=1, save_interval=1, learning_rate=1e-3)
 

@@ -255,6 +255,16 @@ def test_sharded_backends_are_refused_with_what_is_supported(kind):
         check_distributed_backend(DistributedType[ok])
 
 
+@pytest.mark.parametrize("critic", ["separate", "shared"])
+def test_scoring_in_chunks_gives_the_same_rollout(tiny_path, tmp_path, critic):
+    rollouts = {}
+    for size in (None, 3):
+        trainer = PPOTrainer(small_config(tmp_path / str(size), critic=critic, old_logprobs="forward", forward_batch_size=size))
+        rollouts[size] = trainer.rollout(trainer.next_prompts())
+    for name in ("logprobs", "ref_logprobs", "values", "entropy"):
+        torch.testing.assert_close(getattr(rollouts[3], name), getattr(rollouts[None], name), rtol=1e-5, atol=1e-5, msg=name)
+
+
 def test_the_trainer_refuses_fsdp_at_start_up(tiny_path, tmp_path, monkeypatch):
     from accelerate import Accelerator
     from accelerate.utils import DistributedType
