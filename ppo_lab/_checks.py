@@ -14,6 +14,12 @@ from collections.abc import Iterable
 
 import torch
 
+class NonFiniteError(RuntimeError):
+    """A run met nan or inf where it cannot go on: too many updates skipped for non-finite
+    rewards, losses or gradients (`PPOConfig.max_bad_updates`), weights that became non-finite,
+    or a model whose logits are nan or inf."""
+
+
 # Checks of a tensor's *values* (a mask holds only 0 and 1, has a real token) read the tensor
 # back to the host, which on a GPU waits for every queued kernel. The trainer checks each
 # rollout's mask once and runs its update inside `skip_value_checks()`, so the loss functions,
@@ -40,14 +46,52 @@ def value_checks_on() -> bool:
 
 
 def check_tensor(name: str, x, ndim: int | None = None) -> torch.Tensor:
-    """Return `x` if it is a tensor (of `ndim` dimensions when given), else raise."""
+    """Return `x` if it is a tensor (of `ndim` dimensions when given), else raise.
+
+    Throughout `ppo_lab` a 2-dimensional tensor is (B, T) and a 3-dimensional one (B, T, V), so
+    with ndim=2 or ndim=3 dimension 1 is the response dimension and must not be empty (see
+    `check_response_dim`).
+    """
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
     if ndim is not None and x.dim() != ndim:
         raise ValueError(
             f"`{name}` must have {ndim} dimension(s), got shape {tuple(x.shape)}"
         )
+    if ndim in (2, 3):
+        check_response_dim(name, x, dim=1)
     return x
+
+
+def check_float(**tensors: torch.Tensor) -> None:
+    """Raise unless every tensor given by keyword has a floating-point dtype.
+
+    For the value arguments of the math (rewards, values, log-probs, advantages, losses, ...):
+    integer arithmetic would truncate them silently (an integer `rewards` gives integer
+    advantages). Masks are not checked here: `check_mask` converts them. A dtype check reads
+    nothing back from the device.
+    """
+    for name, value in tensors.items():
+        check_tensor(name, value)
+        if not value.is_floating_point():
+            raise ValueError(
+                f"`{name}` must be a floating-point tensor (float32, float64, ...), got "
+                f"{value.dtype}; convert it with .float()"
+            )
+
+
+def check_response_dim(name: str, x: torch.Tensor, dim: int = -1) -> None:
+    """Raise if the response dimension `dim` of `x` (the T of (B, T)) has length 0.
+
+    An empty response has no token to put a reward, a log-prob or a loss on; without this the
+    math would return empty tensors, nan means or a torch error far from the call. Only the
+    shape is read (no device synchronisation); a 0-dim tensor has no response dimension.
+    """
+    if x.dim() > 0 and x.shape[dim] == 0:
+        raise ValueError(
+            f"`{name}` has an empty response dimension (shape {tuple(x.shape)}); there must be "
+            "at least one token"
+        )
 
 
 def check_same_shape(**tensors: torch.Tensor) -> None:
@@ -67,6 +111,8 @@ def check_same_shape(**tensors: torch.Tensor) -> None:
 def check_mask(mask: torch.Tensor, like: torch.Tensor, like_name: str = "x") -> torch.Tensor:
     """Check that `mask` has the shape of `like` and holds only 0 and 1; return it as `like`'s dtype.
 
+    The last dimension of `like` is the response dimension and must not be empty.
+
     A mask of 0.5 or 2 is almost always a bug upstream (a sum of masks, a probability passed by
     mistake), so it is refused rather than used as a weight.
     """
@@ -76,6 +122,7 @@ def check_mask(mask: torch.Tensor, like: torch.Tensor, like_name: str = "x") -> 
             f"`mask` has shape {tuple(mask.shape)} but `{like_name}` has shape "
             f"{tuple(like.shape)}; they must match"
         )
+    check_response_dim(like_name, like)
     if mask.dtype != torch.bool and value_checks_on() and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)].flatten()[:3].tolist()
         raise ValueError(

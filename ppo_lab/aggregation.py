@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_choice, check_mask, check_nonempty_mask, check_range, check_tensor
+from ._checks import check_choice, check_float, check_mask, check_nonempty_mask, check_range, check_tensor
 
 AGGREGATION_MODES = (
     "token-mean",
@@ -50,6 +50,7 @@ def aggregate_loss(
         seq-mean-token-mean = mean_b (s_b / n_b); seq-mean-token-sum-norm = mean_b s_b / L.
     """
     check_tensor("loss", loss, ndim=2)
+    check_float(loss=loss)
     m = check_mask(mask, loss, "loss")
     check_choice("loss aggregation mode", mode, AGGREGATION_MODES)
     per_token = torch.where(m.bool(), loss, torch.zeros_like(loss))

@@ -125,17 +125,24 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     manifest: dict = {"format": 1, "iteration": iteration, "files": {}, "aliases": {}}
-    for name, sd in tensors.items():
-        kept, aliases = _dedupe(sd)
-        manifest["aliases"][name] = aliases
-        _write_file(tmp / f"{name}.safetensors", lambda p, kept=kept: save_file(kept, str(p)))
-    for name, obj in objects.items():
-        _write_file(tmp / f"{name}.pt", lambda p, obj=obj: torch.save(obj, p))
-    _write_file(tmp / "trainer_state.json", lambda p: p.write_text(json.dumps(state)))
-    for path in sorted(tmp.iterdir()):
-        manifest["files"][path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-    _write_file(tmp / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1)))
-    _fsync_dir(tmp)
+    try:
+        for name, sd in tensors.items():
+            kept, aliases = _dedupe(sd)
+            manifest["aliases"][name] = aliases
+            _write_file(tmp / f"{name}.safetensors", lambda p, kept=kept: save_file(kept, str(p)))
+        for name, obj in objects.items():
+            _write_file(tmp / f"{name}.pt", lambda p, obj=obj: torch.save(obj, p))
+        _write_file(tmp / "trainer_state.json", lambda p: p.write_text(json.dumps(state)))
+        for path in sorted(tmp.iterdir()):
+            manifest["files"][path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        _write_file(tmp / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1)))
+        _fsync_dir(tmp)
+    except (OSError, RuntimeError) as err:
+        # A full disk (torch reports it as a RuntimeError from its C++ writer): the partial
+        # folder is removed, so it does not go on filling the disk; older checkpoints stay.
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
+        raise OSError(f"could not write checkpoint {str(final)!r} ({reason}); the previous checkpoints are intact") from err
     if final.exists():  # an older checkpoint of the same iteration (a re-run): replace it
         old = root / f"{final.name}.old-{os.getpid()}"
         final.rename(old)

@@ -4,11 +4,19 @@ Every field of `PPOConfig` is a flag (`ppo-lab train --help` lists them with the
 flags override the YAML file, which overrides the defaults. With no arguments, `ppo-lab train`
 trains the built-in tiny model on the sentiment task, offline, and prints sample responses
 before and after.
+
+Expected errors (a bad config or YAML file, a model that cannot be loaded, a reward that returns
+the wrong shape, an output folder that holds another run or cannot be written, a full disk, a
+run stopped for nan) print one line, `ppo-lab: error: ...`, and exit with a non-zero code: 2
+for bad input, 1 for a run that failed. `--traceback` (or `PPO_LAB_TRACEBACK=1`) shows the
+full traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 import time
 
@@ -23,13 +31,28 @@ def _print_samples(title: str, samples: list[dict]) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    from .config import PPOConfig
+    from .trainer import NonFiniteError
 
     try:
-        config = PPOConfig.from_args(args.config, args)
-    except ValueError as err:
-        print(f"ppo-lab: error: {err}", file=sys.stderr)
-        return 2
+        return _train(args)
+    except ValueError as err:  # bad input: config, YAML, models, reward, output folder, checkpoints
+        return _error(err, 2, args)
+    except (NonFiniteError, OSError) as err:  # the run failed: nan, a full disk, a permission
+        return _error(err, 1, args)
+
+
+def _error(err: BaseException, code: int, args: argparse.Namespace) -> int:
+    if args.traceback or os.environ.get("PPO_LAB_TRACEBACK", "0") not in ("0", ""):
+        raise err
+    message = re.sub(r"^\[Errno \d+\] ", "", str(err).strip()) or type(err).__name__
+    print(f"ppo-lab: error: {message}", file=sys.stderr)
+    return code
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .config import PPOConfig
+
+    config = PPOConfig.from_args(args.config, args)
     import torch
 
     from .trainer import PPOTrainer
@@ -37,11 +60,7 @@ def train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    try:
-        trainer = PPOTrainer(config)
-    except ValueError as err:
-        print(f"ppo-lab: error: {err}", file=sys.stderr)
-        return 2
+    trainer = PPOTrainer(config)
     before = trainer.evaluate(8)
     _print_samples("Before training", before)
     history = trainer.train()
@@ -65,11 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     tr = sub.add_parser("train", help="train a policy with PPO (default: the offline tiny model on the sentiment task)")
     tr.add_argument("config", nargs="?", help="a YAML file of PPOConfig fields")
     tr.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    tr.add_argument("--traceback", action="store_true", help="on an error, show the full traceback instead of one line (also: PPO_LAB_TRACEBACK=1)")
     from .config import PPOConfig
 
     PPOConfig.add_arguments(tr)
     sub.add_parser("api", help="list the functions and classes ppo_lab exports")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else list(argv)))
     if args.command == "train":
         return train(args)
     if args.command == "api":
@@ -82,6 +102,30 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser.print_help()
     return 0
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """`--learning_rate -1e-4` -> `--learning_rate=-1e-4`.
+
+    argparse takes a token starting with "-" for an option unless it looks like a plain negative
+    number ("-1e-4" does not), and then reports a missing value; joined, the value reaches the
+    config, which names the field and its range.
+    """
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and token.startswith("-") and _is_number(token):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

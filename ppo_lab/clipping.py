@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_mask, check_range, check_same_shape, check_tensor
+from ._checks import check_float, check_mask, check_range, check_same_shape, check_tensor
 from .aggregation import aggregate_loss
 from .masked import masked_mean
 
@@ -62,6 +62,7 @@ def clipped_policy_loss(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask
     )
     check_tensor("logprobs", logprobs, ndim=2)
+    check_float(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
     m = check_mask(mask, logprobs, "logprobs")
     eps_low = check_range("clip_eps", clip_eps, low=0.0, low_open=True)
     eps_high = eps_low if clip_eps_high is None else check_range(
@@ -130,6 +131,7 @@ def kl_penalized_policy_loss(
     """
     check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
     check_tensor("logprobs", logprobs, ndim=2)
+    check_float(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
     m = check_mask(mask, logprobs, "logprobs")
     beta = check_range("beta", beta, low=0.0)
     real = m.bool()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -111,7 +112,7 @@ class PPOConfig:
     lora_dropout: float = _f(0.0, "LoRA dropout (0 keeps the first PPO step exactly on-policy).")
     lora_target_modules: str = _f("all-linear", "Modules that get LoRA adapters: all-linear, or a comma-separated list of module names.")
     output_dir: str = _f("runs/ppo", "Where metrics.jsonl, samples.jsonl and the final model are written.")
-    overwrite_output_dir: bool = _f(False, "Start over in an output_dir that already holds a run (its metrics and samples are replaced).")
+    overwrite_output_dir: bool = _f(False, "Start over in an output_dir that already holds a run, removing all of the old run: metrics, samples, config, checkpoints and final policy.")
     log_interval: int = _f(1, "Write metrics every this many iterations.")
     eval_interval: int = _f(20, "Score the eval prompts and write samples every this many iterations (0 = off).")
     eval_prompts: int = _f(16, "How many eval prompts to sample at each evaluation.")
@@ -212,7 +213,17 @@ class PPOConfig:
             path = PRESETS / f"{path}.yaml"
         if not path.exists():
             raise ValueError(f"config file {str(path)!r} does not exist (presets: {', '.join(presets())})")
-        data = yaml.safe_load(path.read_text()) or {}
+        if path.is_dir():
+            raise ValueError(f"config file {str(path)!r} is a folder; give a YAML file of PPOConfig fields")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except UnicodeDecodeError:
+            raise ValueError(f"config file {str(path)!r} is not a text file; give a YAML file of PPOConfig fields") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValueError(f"config file {str(path)!r} is not valid YAML{where}: {problem}") from None
         if not isinstance(data, dict):
             raise ValueError(f"config file {str(path)!r} must hold a mapping of field: value, got {type(data).__name__}")
         data.update(overrides)
@@ -302,8 +313,8 @@ def _convert(name: str, value, hint):
 
 def _in_range(cfg, name, low, high, low_open=False):
     v = getattr(cfg, name)
-    ok = v == v and (v > low if low_open else v >= low) and (high is None or v <= high)
+    ok = math.isfinite(v) and (v > low if low_open else v >= low) and (high is None or v <= high)
     if not ok:
         lo = "(" if low_open else "["
         hi = "inf)" if high is None else f"{high:g}]"
-        raise ValueError(f"PPOConfig.{name} = {v!r} must be in {lo}{low:g}, {hi}")
+        raise ValueError(f"PPOConfig.{name} = {v!r} must be a finite number in {lo}{low:g}, {hi}")

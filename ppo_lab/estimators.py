@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._checks import check_mask, check_range, check_same_shape, check_tensor
+from ._checks import check_float, check_mask, check_range, check_same_shape, check_tensor
 from .gae import compute_gae
 from .masked import masked_mean
 from .policy_gradient import discounted_returns
@@ -82,6 +82,7 @@ def reinforce_estimator(rewards, mask, *, values=None, gamma=1.0, **_):
     m = check_mask(mask, rewards, "rewards")
     if values is not None:
         check_same_shape(values=values, rewards=rewards)
+        check_float(values=values)
         baseline = values
     else:
         baseline = masked_mean(returns, m)
@@ -91,6 +92,7 @@ def reinforce_estimator(rewards, mask, *, values=None, gamma=1.0, **_):
 def _group_totals(rewards, mask, group_ids):
     """(R, index, counts): per-response total reward (B,), group index (B,), group sizes (G,)."""
     check_tensor("rewards", rewards, ndim=2)
+    check_float(rewards=rewards)
     m = check_mask(mask, rewards, "rewards")
     if group_ids is None:
         raise ValueError("group estimators need `group_ids`: a (B,) id of each response's prompt")

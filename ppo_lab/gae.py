@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_mask, check_range, check_same_shape, check_tensor
+from ._checks import check_float, check_mask, check_range, check_same_shape, check_tensor
 
 
 def compute_gae(
@@ -63,6 +63,7 @@ def compute_gae(
     """
     check_same_shape(rewards=rewards, values=values, mask=mask)
     check_tensor("rewards", rewards, ndim=2)
+    check_float(rewards=rewards, values=values)
     m = check_mask(mask, rewards, "rewards")
     gamma = check_range("gamma", gamma, 0.0, 1.0)
     lam = check_range("lam", lam, 0.0, 1.0)

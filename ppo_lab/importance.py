@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_choice, check_mask, check_same_shape, check_tensor
+from ._checks import check_choice, check_float, check_mask, check_same_shape, check_tensor
 
 
 def importance_weights(
@@ -41,6 +41,7 @@ def importance_weights(
     """
     check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
     check_tensor("logprobs", logprobs, ndim=2)
+    check_float(logprobs=logprobs, old_logprobs=old_logprobs)
     m = check_mask(mask, logprobs, "logprobs")
     check_choice("importance level", level, ("token", "sequence"))
     log_ratio = torch.where(m.bool(), logprobs - old_logprobs, torch.zeros_like(logprobs))
@@ -64,7 +65,7 @@ def effective_sample_size(weights: torch.Tensor, log_weights: bool = False) -> t
 
     Example: weights [1, 1, 1, 1] -> 4.0; weights [1, 0, 0, 0] -> 1.0; [4, 1, 1, 1] -> 49/19.
     """
-    check_tensor("weights", weights)
+    check_float(weights=weights)
     w = weights.flatten()
     if w.numel() == 0:
         raise ValueError("`weights` is empty; the effective sample size needs at least one weight")

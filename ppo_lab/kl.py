@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_choice, check_range, check_same_shape, check_tensor
+from ._checks import check_choice, check_float, check_range, check_response_dim, check_same_shape, check_tensor
 from .logprobs import _rows
 
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
@@ -40,6 +40,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     reference (at log r = 1e-4 in float32 it returns 1.7e-8 instead of 5.0e-9).
     """
     check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    check_float(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    check_response_dim("logprobs", logprobs)
     check_choice("KL estimator", kind, KL_ESTIMATORS)
     log_ratio = ref_logprobs - logprobs  # log r = log(pi_ref / pi)
     if kind == "k1":
@@ -70,6 +72,7 @@ def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor, temperature: float =
     """
     check_tensor("logits", logits, ndim=3)
     check_same_shape(logits=logits, ref_logits=ref_logits)
+    check_float(logits=logits, ref_logits=ref_logits)
     temperature = check_range("temperature", temperature, low=0.0, low_open=True)
     out = []
     # One sequence at a time: two (T, V) log-softmax temporaries instead of four (B, T, V) ones.

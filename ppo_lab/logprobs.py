@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_range, check_tensor
+from ._checks import check_float, check_range, check_tensor
 
 _FULL_PRECISION = (torch.float32, torch.float64)
 
@@ -56,6 +56,7 @@ def logprobs_from_logits(
     Example: logits [[[0., 0.]]] (two equally likely tokens), tokens [[1]] -> [[-0.6931]].
     """
     check_tensor("logits", logits, ndim=3)
+    check_float(logits=logits)
     check_tensor("tokens", tokens, ndim=2)
     if logits.shape[:2] != tokens.shape:
         raise ValueError(
@@ -95,6 +96,7 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     Example: logits [[[0., 0., 0., 0.]]] -> [[log 4]] = [[1.3863]].
     """
     check_tensor("logits", logits, ndim=3)
+    check_float(logits=logits)
     temperature = check_range("temperature", temperature, low=0.0, low_open=True)
     out = []
     for row in _rows(logits, temperature):

@@ -10,7 +10,38 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_mask, check_nonempty_mask, check_tensor, value_checks_on
+from ._checks import check_float, check_mask, check_nonempty_mask, check_tensor, value_checks_on
+
+# Sums over a batch overflow float16 (largest finite value 65504: a sum of squares of values
+# around 100 over a few tokens, or a mask count past 65504 tokens) and lose precision in both
+# half formats (bf16 counts only up to 256 exactly), so the statistics of half-precision input
+# are taken in float32 and the result is cast back. float32 and float64 are computed in their
+# own dtype, exactly as before.
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _upcast(x: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, m) in float32 when x is half precision, else unchanged."""
+    if x.dtype in _LOW_PRECISION:
+        return x.float(), m.float()
+    return x, m
+
+
+def _mean(x: torch.Tensor, m: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Masked mean of checked `x` and 0/1 `m` (same dtype), in that dtype."""
+    # where() rather than x * m: 0 * inf and 0 * nan are nan, and padding may hold either.
+    xm = torch.where(m.bool(), x, torch.zeros_like(x))
+    if dim is None:
+        return xm.sum() / m.sum()
+    return xm.sum(dim=dim) / m.sum(dim=dim)
+
+
+def _var(x: torch.Tensor, m: torch.Tensor, unbiased: bool) -> torch.Tensor:
+    """Masked variance of checked `x` and 0/1 `m` (same dtype), in that dtype."""
+    n = m.sum()
+    mean = _mean(x, m)
+    centered = torch.where(m.bool(), x - mean, torch.zeros_like(x))
+    return (centered**2).sum() / (n - 1 if unbiased else n)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -26,15 +57,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     influence the result even if they hold inf or nan.
 
     Raises ValueError if the mask selects nothing (overall, or in some row when dim is given).
+    Half-precision input is summed in float32 and the mean returned in the input's dtype.
     """
-    check_tensor("x", x)
+    check_float(x=x)
     m = check_mask(mask, x)
     check_nonempty_mask(m, "a masked mean", dim=dim)
-    # where() rather than x * m: 0 * inf and 0 * nan are nan, and padding may hold either.
-    xm = torch.where(m.bool(), x, torch.zeros_like(x))
-    if dim is None:
-        return xm.sum() / m.sum()
-    return xm.sum(dim=dim) / m.sum(dim=dim)
+    return _mean(*_upcast(x, m), dim=dim).to(x.dtype)
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
@@ -48,19 +76,18 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     Naive equivalent: `x[mask.bool()].var(unbiased=unbiased)`.
 
     Raises ValueError if fewer than 2 real tokens are selected with unbiased=True (or none at all).
+    Half-precision input is reduced in float32 (a float16 sum of squares overflows at 65504) and
+    the variance returned in the input's dtype.
     """
-    check_tensor("x", x)
+    check_float(x=x)
     m = check_mask(mask, x)
     check_nonempty_mask(m, "a masked variance")
-    n = m.sum()
-    if unbiased and value_checks_on() and bool(n < 2):
+    if unbiased and value_checks_on() and bool(m.sum() < 2):
         raise ValueError(
             "`mask` selects a single real token; the unbiased variance needs at least 2 "
             "(pass unbiased=False, or a larger batch)"
         )
-    mean = masked_mean(x, m)
-    centered = torch.where(m.bool(), x - mean, torch.zeros_like(x))
-    return (centered**2).sum() / (n - 1 if unbiased else n)
+    return _var(*_upcast(x, m), unbiased).to(x.dtype)
 
 
 def masked_whiten(
@@ -79,13 +106,20 @@ def masked_whiten(
         (B, T) tensor: (x - mean) / sqrt(var + eps) at real positions (mean added back when
         shift_mean=False), 0 at padding. Mean and unbiased variance are taken over the real
         tokens of the whole batch, so the result has mean 0 and (unbiased) std 1 over the mask.
+        Half-precision input is whitened in float32 and the result cast back to its dtype (in
+        float16 the variance of values beyond about +-256 would overflow to inf, and the
+        result to all zeros).
     """
-    m = check_mask(mask, check_tensor("x", x))
-    mean, var = masked_mean(x, m), masked_var(x, m)
-    white = (x - mean) * torch.rsqrt(var + eps)
+    check_float(x=x)
+    m = check_mask(mask, x)
+    # The public functions for their checks (no real token, a single one); on the upcast
+    # copies, so that half-precision input is whitened in float32 and only the result is cast.
+    xc, mc = _upcast(x, m)
+    mean, var = masked_mean(xc, mc), masked_var(xc, mc)
+    white = (xc - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         white = white + mean
-    return torch.where(m.bool(), white, torch.zeros_like(white))
+    return torch.where(mc.bool(), white, torch.zeros_like(white)).to(x.dtype)
 
 
 def response_mask(

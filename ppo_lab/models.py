@@ -47,18 +47,38 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
-def _load(loader, name: str, role: str, **kwargs):
+def _load(loader, name: str, role: str, new_weights: bool = False, **kwargs):
+    """`loader.from_pretrained(name)`, with errors that name the role and the model.
+
+    A model whose checkpoint lacks some of its weights (a causal LM loaded as a sequence
+    classifier gets a freshly initialised score head) is refused, naming them: transformers only
+    warns, and a reward or a critic with a random head trains on noise. `new_weights=True` allows
+    it where a new head is the point (the base of a reward model about to be trained).
+    """
+    from safetensors import SafetensorError
+
     path = resolve_model_path(name)
+    is_model = loader.__name__.startswith("AutoModel")
     try:
         with _quiet_transformers():
-            return loader.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, EnvironmentError) as err:
+            if not is_model:
+                return loader.from_pretrained(path, **kwargs)
+            model, info = loader.from_pretrained(path, output_loading_info=True, **kwargs)
+    except (OSError, ValueError, EnvironmentError, SafetensorError) as err:
         where = "a local folder" if Path(path).exists() else "not a local folder"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(
             f"could not load the {role} from {name!r} ({where}; hub downloads are "
             f"{'off' if _offline() else 'on'}): {first}"
         ) from err
+    missing = sorted(set(info.get("missing_keys") or []) | {k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys") or []})
+    if missing and not new_weights:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ValueError(
+            f"the {role} {name!r} has no weights for {shown} in its checkpoint: loaded as "
+            f"{loader.__name__} they would be random (is it the right kind of model for this role?)"
+        )
+    return model
 
 
 def _offline() -> bool:

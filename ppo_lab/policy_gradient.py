@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_mask, check_range, check_same_shape
+from ._checks import check_float, check_mask, check_range, check_response_dim, check_same_shape
 from .aggregation import aggregate_loss
 
 
@@ -35,6 +35,7 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) 
     Example: rewards [[0, 0, 1]], mask [[1, 1, 1]], gamma 0.5 -> [[0.25, 0.5, 1.0]].
     """
     check_same_shape(rewards=rewards, mask=mask)
+    check_float(rewards=rewards)
     m = check_mask(mask, rewards, "rewards")
     gamma = check_range("gamma", gamma, 0.0, 1.0)
     r = torch.where(m.bool(), rewards, torch.zeros_like(rewards))
@@ -68,4 +69,6 @@ def reinforce_loss(
         0-dim loss tensor, aggregate(-logprobs * weights).
     """
     check_same_shape(logprobs=logprobs, weights=weights, mask=mask)
+    check_float(logprobs=logprobs, weights=weights)
+    check_response_dim("logprobs", logprobs)
     return aggregate_loss(-logprobs * weights.detach(), mask, agg)

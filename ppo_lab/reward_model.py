@@ -106,7 +106,7 @@ def train_reward_model(
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(base)
     tokenizer.padding_side = "right"
-    model = _load(AutoModelForSequenceClassification, base, "reward model base", num_labels=1)
+    model = _load(AutoModelForSequenceClassification, base, "reward model base", new_weights=True, num_labels=1)
     model.config.pad_token_id = tokenizer.pad_token_id
     disable_dropout(model).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)

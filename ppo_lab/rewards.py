@@ -78,6 +78,11 @@ def load_reward(spec: str | None, task=None, label_index: int = -1, device="cpu"
         return task.reward
     if ":" in spec and not spec.startswith("builtin:"):
         module, _, attr = spec.partition(":")
+        import os
+        import sys
+
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.append(os.getcwd())  # `ppo-lab train --reward my_rewards:score` from the folder holding my_rewards.py
         try:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as err:

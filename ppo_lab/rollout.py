@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ._checks import NonFiniteError
 from .logprobs import entropy_from_logits, logprobs_from_logits
 from .masked import response_mask
 
@@ -211,7 +212,11 @@ def sample(model, tokenizer, prompts: list[str], max_new_tokens: int, temperatur
             state = out.hidden_states[-1][:, -1]
             values.append(value_head(state.to(value_head.weight.dtype)).squeeze(-1).float())
         done = done | torch.isin(token, stops)
-        if t == max_new_tokens - 1 or bool(done.all()):
+        # the one read-back per token: stop when every row has stopped; refuse nan logits
+        all_done, finite = torch.stack([done.all(), torch.isfinite(logits).all()]).tolist()
+        if not finite:
+            raise NonFiniteError(f"the model's logits are nan or inf at generated token {t}: its weights are broken, so there is nothing to sample from")
+        if t == max_new_tokens - 1 or all_done:
             break
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         last = last + 1

@@ -25,7 +25,15 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_mask, check_nonempty_mask, check_range, check_same_shape, check_tensor, value_checks_on
+from ._checks import (
+    check_float,
+    check_mask,
+    check_nonempty_mask,
+    check_range,
+    check_same_shape,
+    check_tensor,
+    value_checks_on,
+)
 from .kl import kl_penalty
 
 
@@ -70,6 +78,7 @@ def shape_rewards(
     check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs, mask=mask)
     check_tensor("logprobs", logprobs, ndim=2)
     check_tensor("scores", scores, ndim=1)
+    check_float(scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs)
     if scores.shape[0] != logprobs.shape[0]:
         raise ValueError(
             f"`scores` has {scores.shape[0]} entries but the batch has {logprobs.shape[0]} "
@@ -116,6 +125,7 @@ def adjust_scores(
     Example: scores [1.0, 2.0], has_eos [True, False], penalty 1.0 -> [1.0, 1.0].
     """
     check_tensor("scores", scores, ndim=1)
+    check_float(scores=scores)
     out = scores.clone()
     if missing_eos_penalty is not None:
         penalty = check_range("missing_eos_penalty", missing_eos_penalty, low=0.0)

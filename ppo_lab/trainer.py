@@ -40,9 +40,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import random
 import resource
+import shutil
 import time
+import uuid
 import warnings
 from pathlib import Path
 
@@ -56,7 +59,7 @@ from .estimators import get_advantage_estimator
 from .kl import kl_penalty
 from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLController
 from .logprobs import entropy_from_logits, logprobs_from_logits
-from ._checks import skip_value_checks
+from ._checks import NonFiniteError, skip_value_checks
 from .masked import masked_mean, masked_whiten
 from .models import (
     PolicyWithValueHead,
@@ -74,13 +77,12 @@ from .shaping import adjust_scores, shape_rewards
 from .value import clipped_value_loss
 
 
-class NonFiniteError(RuntimeError):
-    """The run stopped because too many updates met nan or inf (see `PPOConfig.max_bad_updates`)."""
-
-
 # torch.compile's backend for `PPOConfig.torch_compile` (the tests switch to "eager", which traces
 # the same graphs in seconds instead of minutes on a CPU).
 COMPILE_BACKEND = "inductor"
+
+# What a run writes in output_dir; overwrite_output_dir removes all of it.
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "config.yaml", "run.json", "checkpoints", "policy")
 
 # Fixed stream numbers (not hash(), which changes between processes) for `_generator`.
 _STREAMS = {"sample": 1, "shuffle": 2, "eval": 3}
@@ -127,6 +129,9 @@ class PPOTrainer:
         check_distributed_backend(self.accelerator.distributed_type)
         cfg.check_divisibility(self.accelerator.num_processes)
         self.device = self.accelerator.device
+        self.output_dir = Path(cfg.output_dir)
+        if not cfg.resume_from:
+            self._check_output_dir()  # before minutes of loading, not after
 
         # --- the task, its prompts and the reward ---------------------------------------
         self.task = None
@@ -141,7 +146,9 @@ class PPOTrainer:
         if not all(isinstance(p, str) and p for p in self.train_prompts):
             raise ValueError("every prompt must be a non-empty string")
         self.reward_fn = reward_fn or load_reward(cfg.reward, self.task, cfg.reward_label_index, self.device, cfg.trust_remote_code)
-        self.reward_name = getattr(self.reward_fn, "__qualname__", type(self.reward_fn).__name__)
+        name = getattr(self.reward_fn, "__qualname__", type(self.reward_fn).__name__)
+        module = getattr(self.reward_fn, "__module__", None)
+        self.reward_name = f"{module}.{name}" if module and module not in ("__main__", "builtins") and not module.startswith("ppo_lab") else name
 
         # --- the four roles -------------------------------------------------------------
         self.tokenizer = tokenizer or load_tokenizer(cfg.tokenizer or cfg.policy_model, cfg.trust_remote_code)
@@ -226,7 +233,7 @@ class PPOTrainer:
         self.history: list[dict] = []
         self._prompt_order: list[int] = []
         self._prompt_rng = random.Random(cfg.seed)
-        self.output_dir = Path(cfg.output_dir)
+        self.run_id = uuid.uuid4().hex  # a resumed run takes its checkpoint's
         self.resumed_from: Path | None = None
         if cfg.resume_from:
             self.resume(cfg.resume_from)
@@ -483,6 +490,9 @@ class PPOTrainer:
             out["train/overflow_steps"] = float(overflows)
         return out
 
+    def _trained_parameters(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
     def _discard_gradients(self) -> None:
         """Drop this minibatch's gradients without an optimizer step.
 
@@ -554,10 +564,13 @@ class PPOTrainer:
                 "response/length_mean": ro.mask.sum(1).float().mean(),
                 "advantages/mean": masked_mean(advantages, ro.mask) if advantages is not None else torch.full((), math.nan),
                 "tokens": ro.mask.sum().float(),
+                # after the update: a learning rate far too large leaves nan or inf weights
+                "weights_finite": torch.stack([torch.isfinite(p).all() for p in self._trained_parameters()]).all(),
             }
         # one read-back for all of them
         stats = dict(zip(stats, torch.stack([v.detach().float().to(self.device) for v in stats.values()]).tolist()))
         n_tokens = stats.pop("tokens")
+        weights_finite = bool(stats.pop("weights_finite"))
         mean_kl = stats["objective/kl"]
         bad_iteration = bool(self._skipped)
         if not bad_iteration:
@@ -580,6 +593,15 @@ class PPOTrainer:
             }
         )
         self._last_rollout = ro
+        if not weights_finite:
+            last = ckpt.list_checkpoints(self.output_dir / "checkpoints")
+            where = f"; the newest checkpoint is {str(last[0])!r}" if last else ""
+            err = NonFiniteError(
+                f"iteration {self.iteration}: the weights are nan or inf after the update (learning_rate = "
+                f"{cfg.learning_rate:g} may be too large). Stopping; the final policy is not saved{where}"
+            )
+            err.metrics = metrics
+            raise err
         if bad_iteration:
             self.bad_updates += 1
             phase, metric, detail = self._skipped[0]
@@ -589,7 +611,7 @@ class PPOTrainer:
             )
             if self.bad_updates >= cfg.max_bad_updates:
                 last = ckpt.list_checkpoints(self.output_dir / "checkpoints")
-                where = f"; the last good checkpoint is {str(last[0])!r}" if last else ""
+                where = f"; the newest checkpoint is {str(last[0])!r} (written when its iteration's weights and metrics were finite)" if last else ""
                 err = NonFiniteError(f"{message}. Stopping: PPOConfig.max_bad_updates = {cfg.max_bad_updates} reached{where}")
                 err.metrics = metrics
                 raise err
@@ -662,19 +684,39 @@ class PPOTrainer:
             if self.config.report_to:
                 self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=self.iteration)
 
+    def _check_output_dir(self) -> None:
+        """A fresh run needs an output_dir it can write and that holds no other run (unless
+        overwrite_output_dir); both are checked before anything is loaded."""
+        held = [n for n in RUN_FILES if (self.output_dir / n).exists()]
+        if held and not self.config.overwrite_output_dir:
+            raise ValueError(
+                f"output_dir {str(self.output_dir)!r} already holds a run ({held[0]}); choose another "
+                "output_dir, set overwrite_output_dir to replace it, or set resume_from to continue it"
+            )
+        if self.accelerator.is_main_process:
+            try:
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+                probe = self.output_dir / f".write-test-{os.getpid()}"
+                probe.write_text("")
+                probe.unlink()
+            except OSError as err:
+                raise ValueError(f"output_dir {str(self.output_dir)!r} cannot be written: {err.strerror or err}") from None
+
     def _prepare_output_dir(self) -> None:
         """A fresh run never appends to (or silently deletes) another run's files; a resumed
         run keeps its logs up to the checkpoint and drops what came after it."""
         logs = [self.output_dir / n for n in ("metrics.jsonl", "samples.jsonl") if (self.output_dir / n).exists()]
         if self.iteration == 0 and self.resumed_from is None:
-            if logs and not self.config.overwrite_output_dir:
-                raise ValueError(
-                    f"output_dir {str(self.output_dir)!r} already holds a run ({logs[0].name}); choose another "
-                    "output_dir, set overwrite_output_dir to replace it, or set resume_from to continue it"
-                )
+            self._check_output_dir()
             if self.accelerator.is_main_process:
-                for path in logs:
-                    path.unlink()
+                # Overwriting removes *everything* of the old run: its checkpoints left in place
+                # would be resumed from, or would push the new run's out under keep_checkpoints.
+                for name in RUN_FILES:
+                    path = self.output_dir / name
+                    if path.is_dir():
+                        shutil.rmtree(path)
+                    elif path.exists():
+                        path.unlink()
         elif self.accelerator.is_main_process:
             for path in logs:
                 rows = [line for line in path.read_text().splitlines() if line.strip()]
@@ -683,7 +725,10 @@ class PPOTrainer:
         if self.accelerator.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "config.yaml").write_text(_yaml(self.config.to_dict()))
+            (self.output_dir / "run.json").write_text(json.dumps({"run_id": self.run_id}))
             ckpt.remove_partial(self.output_dir / "checkpoints")
+            for stale in self.output_dir.glob("policy.tmp-*"):  # a final save that was killed
+                shutil.rmtree(stale, ignore_errors=True)
         self.accelerator.wait_for_everyone()
         self._output_ready = True
 
@@ -695,16 +740,31 @@ class PPOTrainer:
         """
         folder = Path(folder)
         if self.accelerator.is_main_process:
-            lm = self.lm
-            if self.config.lora_r > 0:
-                from .lora import save_lora
+            # Written next to its final name and renamed when complete, like a checkpoint: a
+            # process killed while saving leaves the previous folder (or none), never half of one.
+            tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                lm = self.lm
+                if self.config.lora_r > 0:
+                    from .lora import save_lora
 
-                save_lora(lm, folder, merged=True)
-            else:
+                    save_lora(lm, tmp, merged=True)
+                else:
+                    with _quiet_transformers():
+                        lm.save_pretrained(tmp)
                 with _quiet_transformers():
-                    lm.save_pretrained(folder)
-            with _quiet_transformers():
-                self.tokenizer.save_pretrained(folder)
+                    self.tokenizer.save_pretrained(tmp)
+            except OSError as err:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise OSError(f"could not save the policy to {str(folder)!r} ({err.strerror or err}); nothing was written there") from err
+            if folder.exists():
+                old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
+                folder.rename(old)
+                tmp.rename(folder)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(folder)
         self.accelerator.wait_for_everyone()
         return folder
 
@@ -724,6 +784,7 @@ class PPOTrainer:
             "numpy_random": [np_state[0], np_state[1].tolist(), *np_state[2:]],
             "history": self.history,
             "config": self.config.to_dict(),
+            "run_id": self.run_id,
         }
 
     def save_checkpoint(self) -> Path:
@@ -768,12 +829,24 @@ class PPOTrainer:
         self._check_resume_config(state["config"], path)
         # checkpoints of compiled runs written before the wrapper was stripped on save
         tensors = {k: {n.replace("_orig_mod.", ""): t for n, t in sd.items()} if k in ("policy", "critic") else sd for k, sd in tensors.items()}
-        self._bare(self.policy).load_state_dict(tensors["policy"])
-        if self.critic is not None:
-            if "critic" not in tensors:
-                raise ValueError(f"checkpoint {str(path)!r} has no critic, but this run uses a separate critic")
-            self._bare(self.critic).load_state_dict(tensors["critic"])
-        self.optimizer.load_state_dict(objects["optimizer"])
+        folder_run = self.output_dir / "run.json"
+        if state.get("run_id") and folder_run.exists() and json.loads(folder_run.read_text()).get("run_id") != state["run_id"]:
+            raise ValueError(
+                f"checkpoint {str(path)!r} belongs to another run than the one in output_dir {str(self.output_dir)!r} "
+                "(its run.json names a different run); resume into the checkpoint's own output_dir"
+            )
+        if self.critic is not None and "critic" not in tensors:
+            raise ValueError(f"checkpoint {str(path)!r} has no critic, but this run uses a separate critic")
+        try:
+            self._bare(self.policy).load_state_dict(tensors["policy"])
+            if self.critic is not None:
+                self._bare(self.critic).load_state_dict(tensors["critic"])
+            self.optimizer.load_state_dict(objects["optimizer"])
+        except (RuntimeError, ValueError) as err:
+            first = str(err).strip().splitlines()
+            detail = next((line.strip() for line in first if "size mismatch" in line or "Missing" in line or "Unexpected" in line), first[0] if first else "")
+            raise ValueError(f"checkpoint {str(path)!r} does not fit the models of this configuration: {detail}") from err
+        self.run_id = state.get("run_id", self.run_id)
         self.scheduler.load_state_dict(objects["scheduler"])
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         if self.penalty_ctl is not None and state["penalty_ctl"] is not None:

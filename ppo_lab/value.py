@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_mask, check_range, check_same_shape
+from ._checks import check_float, check_mask, check_range, check_same_shape
 from .aggregation import aggregate_loss
 from .masked import masked_mean, masked_var
 
@@ -31,12 +31,19 @@ def explained_variance(
         a worse one; nan when the returns have zero variance (nothing to explain).
     """
     check_same_shape(values=values, returns=returns, mask=mask)
+    check_float(values=values, returns=returns)
     m = check_mask(mask, returns, "returns")
+    out_dtype = torch.promote_types(values.dtype, returns.dtype)
+    if out_dtype in (torch.float16, torch.bfloat16):
+        # Both variances in float32 (a float16 one overflows to inf beyond 65504); the ratio,
+        # a number near [0, 1], is cast back. float32 and float64 are computed as they are.
+        values, returns, m = values.float(), returns.float(), m.float()
     # Biased variances: the n/(n-1) factors cancel in the ratio, and one real token is allowed.
     var_returns = masked_var(returns, m, unbiased=False)
     var_error = masked_var(returns - values, m, unbiased=False)
     # torch.where rather than an `if`: no read-back to the host (see `ppo_lab.syncs`)
-    return torch.where(var_returns == 0, torch.full_like(var_returns, float("nan")), 1.0 - var_error / var_returns)
+    explained = torch.where(var_returns == 0, torch.full_like(var_returns, float("nan")), 1.0 - var_error / var_returns)
+    return explained.to(out_dtype)
 
 
 def clipped_value_loss(
@@ -65,6 +72,7 @@ def clipped_value_loss(
             current predictions), "value/mean" and "value/error" (mean squared error).
     """
     check_same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
+    check_float(values=values, old_values=old_values, returns=returns)
     m = check_mask(mask, values, "values")
     returns = returns.detach()
     unclipped = (values - returns) ** 2

@@ -1,14 +1,18 @@
 """Every public function refuses bad input with a ValueError that names what was wrong."""
 
+import contextlib
+
 import pytest
 import torch
 
 import ppo_lab as P
+from ppo_lab._checks import skip_value_checks
 
 z = torch.zeros(2, 3)
 one = torch.ones(2, 3)
 logits = torch.zeros(2, 3, 5)
 tokens = torch.zeros(2, 3, dtype=torch.long)
+ints = torch.tensor([[0, 0, 1], [1, 0, 1]])
 
 CASES = [
     # shape mismatches
@@ -57,6 +61,20 @@ CASES = [
     ("negative weights", lambda: P.effective_sample_size(torch.tensor([1.0, -1.0])), r"`weights` must be non-negative"),
     ("zero weights", lambda: P.effective_sample_size(torch.zeros(3)), r"all zero"),
     ("empty weights", lambda: P.effective_sample_size(torch.zeros(0)), r"`weights` is empty"),
+    # dtypes: integer values would be truncated silently (integer rewards give integer advantages)
+    ("int rewards gae", lambda: P.compute_gae(ints, z, one, 1.0, 0.9), r"`rewards` must be a floating-point tensor \(float32, float64, \.\.\.\), got torch\.int64; convert it with \.float\(\)"),
+    ("int values gae", lambda: P.compute_gae(z, ints, one, 1.0, 0.9), r"`values` must be a floating-point tensor .*got torch\.int64"),
+    ("int rewards returns", lambda: P.discounted_returns(ints, one, 0.9), r"`rewards` must be a floating-point tensor .*got torch\.int64"),
+    ("int rewards reinforce", lambda: P.compute_advantages("reinforce", ints, one), r"`rewards` must be a floating-point tensor .*got torch\.int64"),
+    ("int values reinforce", lambda: P.compute_advantages("reinforce", z, one, values=ints), r"`values` must be a floating-point tensor"),
+    ("int rewards rloo", lambda: P.compute_advantages("rloo", ints, one, group_ids=torch.zeros(2)), r"`rewards` must be a floating-point tensor"),
+    ("bool x mean", lambda: P.masked_mean(one.bool(), one), r"`x` must be a floating-point tensor .*got torch\.bool"),
+    ("int advantages loss", lambda: P.clipped_policy_loss(z, z, ints, one, 0.2), r"`advantages` must be a floating-point tensor"),
+    ("int loss agg", lambda: P.aggregate_loss(ints, one), r"`loss` must be a floating-point tensor"),
+    ("int ref logprobs kl", lambda: P.kl_penalty(z, ints), r"`ref_logprobs` must be a floating-point tensor"),
+    ("int returns value loss", lambda: P.clipped_value_loss(z, z, ints, one, 0.2), r"`returns` must be a floating-point tensor"),
+    ("int scores shaping", lambda: P.shape_rewards(torch.zeros(2, dtype=torch.long), z, z, one, 0.1), r"`scores` must be a floating-point tensor"),
+    ("int logits", lambda: P.logprobs_from_logits(logits.long(), tokens), r"`logits` must be a floating-point tensor"),
 ]
 
 
@@ -64,3 +82,76 @@ CASES = [
 def test_bad_input_is_a_clear_value_error(name, call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_integer_masks_are_still_accepted():
+    # the dtype check is for values; a mask may be bool or integer (check_mask converts it)
+    adv, _ = P.compute_gae(ints.float(), z, one.long(), 1.0, 0.95)
+    torch.testing.assert_close(adv, P.compute_gae(ints.float(), z, one.bool(), 1.0, 0.95)[0])
+    assert P.masked_mean(one, one.long()).item() == 1.0
+
+
+# An empty response dimension (T = 0): the package's own error, whether or not the value
+# checks run (without them it used to be a silent nan, an empty result or a torch error).
+B0, E = 4, torch.zeros(4, 0)
+EM, EL, ET = torch.ones(4, 0), torch.zeros(4, 0, 5), torch.zeros(4, 0, dtype=torch.long)
+EMPTY_T = [
+    ("compute_gae", lambda: P.compute_gae(E, E, EM, 1.0, 0.9)),
+    ("discounted_returns", lambda: P.discounted_returns(E, EM, 1.0)),
+    ("reinforce_loss", lambda: P.reinforce_loss(E, E, EM)),
+    ("estimator gae", lambda: P.compute_advantages("gae", E, EM, values=E)),
+    ("estimator reinforce", lambda: P.compute_advantages("reinforce", E, EM)),
+    ("estimator rloo", lambda: P.compute_advantages("rloo", E, EM, group_ids=torch.zeros(B0))),
+    ("estimator grpo", lambda: P.compute_advantages("grpo", E, EM, group_ids=torch.zeros(B0))),
+    ("masked_mean", lambda: P.masked_mean(E, EM)),
+    ("masked_mean dim", lambda: P.masked_mean(E, EM, dim=-1)),
+    ("masked_var", lambda: P.masked_var(E, EM)),
+    ("masked_whiten", lambda: P.masked_whiten(E, EM)),
+    ("response_mask", lambda: P.response_mask(ET, 2)),
+    ("aggregate_loss", lambda: P.aggregate_loss(E, EM, "seq-mean-token-sum")),
+    ("clipped_policy_loss", lambda: P.clipped_policy_loss(E, E, E, EM, 0.2)),
+    ("kl_penalized_policy_loss", lambda: P.kl_penalized_policy_loss(E, E, E, EM, 0.1)),
+    ("clipped_value_loss", lambda: P.clipped_value_loss(E, E, E, EM, 0.2)),
+    ("explained_variance", lambda: P.explained_variance(E, E, EM)),
+    ("kl_penalty", lambda: P.kl_penalty(E, E)),
+    ("full_kl", lambda: P.full_kl(EL, EL)),
+    ("importance_weights", lambda: P.importance_weights(E, E, EM, "sequence")),
+    ("shape_rewards", lambda: P.shape_rewards(torch.zeros(B0), E, E, EM, 0.1)),
+    ("last_real_index", lambda: P.last_real_index(EM)),
+    ("logprobs_from_logits", lambda: P.logprobs_from_logits(EL, ET)),
+    ("entropy_from_logits", lambda: P.entropy_from_logits(EL)),
+]
+
+
+@pytest.mark.parametrize("value_checks", [True, False], ids=["checked", "skip_value_checks"])
+@pytest.mark.parametrize("name, call", EMPTY_T, ids=[c[0] for c in EMPTY_T])
+def test_empty_response_dimension_is_a_clear_value_error(name, call, value_checks):
+    match = r"has an empty response dimension \(shape \(4, 0(, 5)?\)\); there must be at least one token"
+    with contextlib.ExitStack() as stack:
+        if not value_checks:
+            stack.enter_context(skip_value_checks())
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_masked_whiten_float16_whitens_in_float32_when_the_variance_overflows():
+    x = torch.linspace(-1000, 1000, 24).view(4, 6).half()  # variance ~3.6e5 > 65504
+    mask = torch.ones(4, 6)
+    mask[1, 4:] = 0
+    assert torch.isinf(P.masked_var(x.float(), mask).half())  # not representable in float16
+    got = P.masked_whiten(x, mask)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got, P.masked_whiten(x.float(), mask).half(), atol=1e-3, rtol=1e-3)
+    assert got.abs().max() > 1.5  # not the all-zero result of an inf variance
+
+
+def test_masked_mean_and_var_float16_do_not_overflow_in_their_sums():
+    g = torch.Generator().manual_seed(0)
+    x = (10 * torch.randn(10, 100, generator=g)).half()  # var ~100, but the sum of squares ~1e5
+    big = torch.full((4, 100), 1000.0).half()  # mean 1000, but the sum 4e5
+    mask = torch.ones(10, 100)
+    var = P.masked_var(x, mask)
+    assert var.dtype == torch.float16
+    torch.testing.assert_close(var, P.masked_var(x.float(), mask).half(), atol=0, rtol=1e-3)
+    mean = P.masked_mean(big, torch.ones(4, 100))
+    assert mean.dtype == torch.float16 and mean.item() == 1000.0

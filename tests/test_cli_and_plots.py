@@ -27,7 +27,7 @@ def test_train_from_yaml_with_overrides(tiny_path, tmp_path):
 
 def test_train_rejects_bad_values_before_loading_anything(tmp_path):
     out = _run(["train", "--gamma", "3"], tmp_path)
-    assert out.returncode == 2 and "PPOConfig.gamma = 3.0 must be in [0, 1]" in out.stderr
+    assert out.returncode == 2 and "PPOConfig.gamma = 3.0 must be a finite number in [0, 1]" in out.stderr
     out = _run(["train", "--critic", "tied"], tmp_path)
     assert out.returncode == 2 and "invalid choice: 'tied'" in out.stderr
 

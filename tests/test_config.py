@@ -18,16 +18,16 @@ def test_defaults_are_valid_and_documented():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(gamma=1.5), r"PPOConfig.gamma = 1.5 must be in \[0, 1\]"),
-        (dict(lam=-0.1), r"PPOConfig.lam = -0.1 must be in \[0, 1\]"),
-        (dict(learning_rate=0), r"PPOConfig.learning_rate = 0.0 must be in \(0, inf\)"),
+        (dict(gamma=1.5), r"PPOConfig.gamma = 1.5 must be a finite number in \[0, 1\]"),
+        (dict(lam=-0.1), r"PPOConfig.lam = -0.1 must be a finite number in \[0, 1\]"),
+        (dict(learning_rate=0), r"PPOConfig.learning_rate = 0.0 must be a finite number in \(0, inf\)"),
         (dict(temperature=0), r"PPOConfig.temperature"),
         (dict(ppo_epochs=0), r"PPOConfig.ppo_epochs = 0 must be an integer >= 1"),
         (dict(critic="tied"), r"PPOConfig.critic = 'tied' is not allowed; valid values are: 'separate', 'shared', 'none'"),
         (dict(kl_estimator="k5"), r"PPOConfig.kl_estimator = 'k5' is not allowed; valid values are: 'k1', 'k2', 'k3', 'abs'"),
         (dict(advantage_estimator="vtrace"), r"PPOConfig.advantage_estimator = 'vtrace' is not allowed; valid values are: .*'gae'.*'grpo'"),
         (dict(loss_agg="sum"), r"PPOConfig.loss_agg = 'sum' is not allowed"),
-        (dict(dual_clip=0.5), r"PPOConfig.dual_clip = 0.5 must be in \(1, inf\)"),
+        (dict(dual_clip=0.5), r"PPOConfig.dual_clip = 0.5 must be a finite number in \(1, inf\)"),
         (dict(rollout_batch_size=64, minibatch_size=24), r"rollout_batch_size = 64 is not divisible by minibatch_size = 24"),
         (dict(minibatch_size=16, gradient_accumulation_steps=3), r"minibatch_size = 16 is not divisible by gradient_accumulation_steps = 3"),
         (dict(rollout_batch_size=64, responses_per_prompt=3, minibatch_size=16), r"rollout_batch_size = 64 is not divisible by responses_per_prompt = 3"),
@@ -37,6 +37,12 @@ def test_defaults_are_valid_and_documented():
         (dict(ppo_epochs=2.5), r"PPOConfig.ppo_epochs = 2.5 is not a valid int"),
         (dict(whiten_advantages="maybe"), r"PPOConfig.whiten_advantages = 'maybe' is not a valid bool"),
         (dict(task="chess"), r"PPOConfig.task = 'chess' is not allowed"),
+        # inf passed the range check ("(0, inf)") and trained every weight to nan
+        (dict(learning_rate=float("inf")), r"PPOConfig.learning_rate = inf must be a finite number in \(0, inf\)"),
+        (dict(learning_rate="inf"), r"PPOConfig.learning_rate = inf must be a finite number"),
+        (dict(max_grad_norm=float("inf")), r"PPOConfig.max_grad_norm = inf must be a finite number"),
+        (dict(kl_coef=float("nan")), r"PPOConfig.kl_coef = nan must be a finite number"),
+        (dict(forward_batch_size=0), r"PPOConfig.forward_batch_size = 0 must be an integer >= 1 \(or None\)"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs, match):
@@ -77,6 +83,16 @@ def test_yaml_errors(tmp_path):
     typo.write_text("learning_rat: 0.1\n")
     with pytest.raises(ValueError, match=r"unknown PPOConfig field\(s\): 'learning_rat' \(did you mean 'learning_rate'\?\)"):
         PPOConfig.from_yaml(typo)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("learning_rate: 1e-5\ncritic: [shared\nseed: 3\n")
+    with pytest.raises(ValueError, match=r"config file '.*broken.yaml' is not valid YAML at line \d+, column \d+: "):
+        PPOConfig.from_yaml(broken)
+    with pytest.raises(ValueError, match=r"config file '.*' is a folder; give a YAML file"):
+        PPOConfig.from_yaml(tmp_path)
+    binary = tmp_path / "model.safetensors"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match=r"config file '.*model.safetensors' is not a text file"):
+        PPOConfig.from_yaml(binary)
 
 
 def test_command_line_flags(tmp_path):

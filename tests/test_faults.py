@@ -2,7 +2,6 @@
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -198,7 +197,7 @@ def test_a_nan_reward_skips_the_update_and_stops_the_run_with_the_checkpoint_unt
     cfg = _config(tmp_path, "a", total_iterations=10, save_interval=1, keep_checkpoints=5, max_bad_updates=2)
     trainer = PPOTrainer(cfg, reward_fn=reward)
     with pytest.warns(RuntimeWarning, match=r"iteration 3: update skipped \(1 of at most 2\): non-finite reward \(reward/score_mean: reward .* returned \[nan\] for responses \[5\]\)"):
-        with pytest.raises(NonFiniteError, match=r"iteration 4: update skipped \(2 of at most 2\).*Stopping: PPOConfig.max_bad_updates = 2 reached; the last good checkpoint is .*checkpoint-000002"):
+        with pytest.raises(NonFiniteError, match=r"iteration 4: update skipped \(2 of at most 2\).*Stopping: PPOConfig.max_bad_updates = 2 reached; the newest checkpoint is .*checkpoint-000002"):
             trainer.train()
     # no checkpoint was written after the bad iterations, and the weights never changed after 2
     assert [p.name for p in ckpt.list_checkpoints(trainer.output_dir / "checkpoints")] == ["checkpoint-000002", "checkpoint-000001"]

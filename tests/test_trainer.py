@@ -212,5 +212,5 @@ def test_target_kl_stops_the_update_of_an_iteration(tiny_path, tmp_path):
 
 @pytest.mark.parametrize("value", [0.0, -0.1, float("nan")])
 def test_target_kl_must_be_positive(value):
-    with pytest.raises(ValueError, match=r"PPOConfig.target_kl = .* must be in \(0, inf\)"):
+    with pytest.raises(ValueError, match=r"PPOConfig.target_kl = .* must be a finite number in \(0, inf\)"):
         ppo_lab.PPOConfig(target_kl=value)

@@ -1,0 +1,175 @@
+"""Bad input and faults, as a new user meets them: never silently wrong, never a raw traceback
+for an expected error, never two runs mixed in one folder."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import small_config
+from ppo_lab.trainer import NonFiniteError, PPOTrainer
+
+
+def _cli(args, cwd, **env):
+    env = {**{k: v for k, v in os.environ.items() if k != "PPO_LAB_TRACEBACK"}, "HF_HUB_OFFLINE": "1", **env}
+    return subprocess.run([sys.executable, "-m", "ppo_lab.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+SMALL = ["--rollout_batch_size", "16", "--minibatch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "6", "--progress_bar", "false", "--threads", "1"]
+
+
+def _one_clear_line(out, code, *fragments):
+    assert out.returncode == code, (out.returncode, out.stderr[-2000:])
+    lines = [line for line in out.stderr.splitlines() if line.strip() and "Warning" not in line and not line.startswith(" ")]
+    assert lines[-1].startswith("ppo-lab: error: "), out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    for fragment in fragments:
+        assert fragment in lines[-1], (fragment, lines[-1])
+
+
+# --- two runs in one folder -------------------------------------------------------------
+def test_overwriting_a_run_removes_all_of_it_and_a_resume_continues_the_new_run(tiny_path, tmp_path):
+    PPOTrainer(small_config(tmp_path, total_iterations=4, save_interval=1)).train()
+    new = PPOTrainer(small_config(tmp_path, total_iterations=2, save_interval=1, overwrite_output_dir=True, seed=5))
+    new.train()
+    run = tmp_path / "run"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-000001", "checkpoint-000002"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2]
+    resumed = PPOTrainer(small_config(tmp_path, total_iterations=3, save_interval=1, seed=5, resume_from="latest"))
+    assert resumed.iteration == 2 and resumed.run_id == new.run_id
+    resumed.train()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3]
+
+
+def test_a_checkpoint_of_another_run_is_refused(tiny_path, tmp_path):
+    PPOTrainer(small_config(tmp_path / "a", total_iterations=1, save_interval=1)).train()
+    PPOTrainer(small_config(tmp_path / "b", total_iterations=1)).train()
+    other = tmp_path / "a" / "run" / "checkpoints" / "checkpoint-000001"
+    with pytest.raises(ValueError, match=r"belongs to another run than the one in output_dir"):
+        PPOTrainer(small_config(tmp_path / "b", total_iterations=2, resume_from=str(other)))
+
+
+def test_an_occupied_output_dir_is_refused_before_any_model_is_loaded(tiny_path, tmp_path, monkeypatch):
+    PPOTrainer(small_config(tmp_path, total_iterations=1)).train()
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the output_dir was checked")
+
+    monkeypatch.setattr("ppo_lab.lora.load_maybe_adapter", no_loading)
+    with pytest.raises(ValueError, match=r"already holds a run \(metrics.jsonl\)"):
+        PPOTrainer(small_config(tmp_path, total_iterations=1))
+
+
+def test_an_unwritable_output_dir_is_refused_at_start(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ValueError, match=r"output_dir '.*a_file/run' cannot be written"):
+        PPOTrainer(small_config(tmp_path, output_dir=str(tmp_path / "a_file" / "run")))
+
+
+# --- broken weights are never saved as a result ---------------------------------------------
+def test_weights_that_become_nan_stop_the_run_and_nothing_is_saved(tiny_path, tmp_path, monkeypatch):
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=3, save_interval=1))
+    step = trainer.optimizer.step
+
+    def poisoned_step(*args, **kwargs):
+        step(*args, **kwargs)
+        if trainer.iteration == 1:  # during the second iteration's update
+            with torch.no_grad():
+                next(iter(trainer._trained_parameters())).fill_(float("inf"))
+
+    monkeypatch.setattr(trainer.optimizer, "step", poisoned_step)
+    with pytest.raises(NonFiniteError, match=r"iteration 2: the weights are nan or inf after the update .*the final policy is not saved; the newest checkpoint is .*checkpoint-000001"):
+        trainer.train()
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["checkpoint-000001"]
+    assert not (tmp_path / "run" / "policy").exists()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2]  # the failed iteration's metrics are kept
+
+
+def test_sampling_from_nan_logits_is_an_error(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path))
+    with torch.no_grad():
+        for p in trainer.lm.parameters():
+            p.fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match=r"logits are nan or inf at generated token 0"):
+        trainer.evaluate(2)
+
+
+# --- models that are not what they claim -----------------------------------------------
+def test_a_causal_lm_given_as_reward_model_is_refused(tiny_path, tmp_path):
+    # loaded as a sequence classifier it would get a random score head: training on noise
+    with pytest.raises(ValueError, match=r"the reward model '.*' has no weights for score.weight in its checkpoint"):
+        PPOTrainer(small_config(tmp_path, reward=str(tiny_path)))
+
+
+def test_a_truncated_model_file_is_named(tiny_path, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_path, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"could not load the policy model from '.*model' \(a local folder"):
+        PPOTrainer(small_config(tmp_path, policy_model=str(folder)))
+
+
+def test_resuming_with_models_of_another_shape_is_a_clear_error(tiny_path, tmp_path):
+    PPOTrainer(small_config(tmp_path, total_iterations=1, save_interval=1)).train()
+    with pytest.warns(UserWarning, match="different configuration"):
+        with pytest.raises(ValueError, match=r"checkpoint '.*checkpoint-000001' does not fit the models of this configuration: "):
+            PPOTrainer(small_config(tmp_path, total_iterations=2, lora_r=4, resume_from="latest"))
+
+
+# --- saving ------------------------------------------------------------------------------
+def test_a_full_disk_while_checkpointing_leaves_no_partial_folder(tiny_path, tmp_path, monkeypatch):
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, save_interval=1))
+    trainer.train(1)
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    with pytest.raises(OSError, match=r"could not write checkpoint '.*checkpoint-000002' \(No space left on device\); the previous checkpoints are intact"):
+        trainer.train(1)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["checkpoint-000001"]
+
+
+def test_the_final_policy_is_saved_atomically(tiny_path, tmp_path, monkeypatch):
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1))
+    folder = trainer.save(tmp_path / "policy")
+    before = sorted(p.name for p in folder.iterdir())
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(trainer.tokenizer, "save_pretrained", fail)
+    with pytest.raises(OSError, match=r"could not save the policy to '.*policy' \(No space left on device\); nothing was written there"):
+        trainer.save(folder)
+    assert sorted(p.name for p in folder.iterdir()) == before  # the previous save is intact
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+
+
+# --- the command line ----------------------------------------------------------------------
+def test_cli_expected_errors_are_one_line_with_a_nonzero_code(tiny_path, tmp_path):
+    (tmp_path / "broken.yaml").write_text("learning_rate: 1e-5\ncritic: [shared\n")
+    _one_clear_line(_cli(["train", "broken.yaml"], tmp_path), 2, "config file 'broken.yaml' is not valid YAML at line")
+    # a negative value reaches the config's range check (argparse took it for an option)
+    _one_clear_line(_cli(["train", "--learning_rate", "-1e-4"], tmp_path), 2, "PPOConfig.learning_rate = -0.0001 must be a finite number")
+    _one_clear_line(_cli(["train", "--learning_rate", "inf"], tmp_path), 2, "PPOConfig.learning_rate = inf must be a finite number")
+    # a reward module in the working directory is importable; a wrong shape is named
+    (tmp_path / "my_rewards.py").write_text("def short(prompts, responses):\n    return [0.0] * (len(responses) - 1)\n\ndef nan(prompts, responses):\n    return [float('nan')] * len(responses)\n")
+    out = _cli(["train", *SMALL, "--reward", "my_rewards:short", "--output_dir", "r1"], tmp_path)
+    _one_clear_line(out, 2, "reward my_rewards.short returned scores of shape (7,) for 8 responses; expected (8,)")
+    out = _cli(["train", *SMALL, "--reward", "my_rewards:nan", "--output_dir", "r2", "--max_bad_updates", "2"], tmp_path)
+    _one_clear_line(out, 1, "Stopping: PPOConfig.max_bad_updates = 2 reached")
+    # an output folder that holds a run (r2 logged its failed iterations)
+    _one_clear_line(_cli(["train", *SMALL, "--output_dir", "r2"], tmp_path), 2, "already holds a run")
+    # the full traceback on request
+    out = _cli(["train", "broken.yaml", "--traceback"], tmp_path)
+    assert out.returncode != 0 and "Traceback" in out.stderr
+    out = _cli(["train", "broken.yaml"], tmp_path, PPO_LAB_TRACEBACK="1")
+    assert out.returncode != 0 and "Traceback" in out.stderr
