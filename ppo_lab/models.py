@@ -58,6 +58,8 @@ def _load(loader, name: str, role: str, new_weights: bool = False, **kwargs):
     from safetensors import SafetensorError
 
     path = resolve_model_path(name)
+    if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
+        raise ValueError(f"could not load the {role} from {name!r}: no such folder")
     is_model = loader.__name__.startswith("AutoModel")
     try:
         with _quiet_transformers():

@@ -493,6 +493,11 @@ class PPOTrainer:
     def _trained_parameters(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
+    @torch.no_grad()
+    def _weight_norm(self) -> torch.Tensor:
+        """The L2 norm of all trained weights, as a 0-dim tensor (no read-back)."""
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach().float()) for p in self._trained_parameters()]))
+
     def _discard_gradients(self) -> None:
         """Drop this minibatch's gradients without an optimizer step.
 
@@ -543,6 +548,7 @@ class PPOTrainer:
         t1 = time.perf_counter()
         beta = self.kl_ctl.value
         self._skipped = self._rollout_problems(ro)
+        norm_before = self._weight_norm()
         if self._skipped:
             metrics, advantages = {}, None
         else:
@@ -564,13 +570,14 @@ class PPOTrainer:
                 "response/length_mean": ro.mask.sum(1).float().mean(),
                 "advantages/mean": masked_mean(advantages, ro.mask) if advantages is not None else torch.full((), math.nan),
                 "tokens": ro.mask.sum().float(),
-                # after the update: a learning rate far too large leaves nan or inf weights
-                "weights_finite": torch.stack([torch.isfinite(p).all() for p in self._trained_parameters()]).all(),
+                # after the update: a learning rate far too large leaves nan, inf or exploded weights
+                "weight_norm_before": norm_before,
+                "weight_norm_after": self._weight_norm(),
             }
         # one read-back for all of them
         stats = dict(zip(stats, torch.stack([v.detach().float().to(self.device) for v in stats.values()]).tolist()))
         n_tokens = stats.pop("tokens")
-        weights_finite = bool(stats.pop("weights_finite"))
+        norms = stats.pop("weight_norm_before"), stats.pop("weight_norm_after")
         mean_kl = stats["objective/kl"]
         bad_iteration = bool(self._skipped)
         if not bad_iteration:
@@ -593,12 +600,13 @@ class PPOTrainer:
             }
         )
         self._last_rollout = ro
-        if not weights_finite:
+        broken = _broken_weights(*norms)
+        if broken:
             last = ckpt.list_checkpoints(self.output_dir / "checkpoints")
             where = f"; the newest checkpoint is {str(last[0])!r}" if last else ""
             err = NonFiniteError(
-                f"iteration {self.iteration}: the weights are nan or inf after the update (learning_rate = "
-                f"{cfg.learning_rate:g} may be too large). Stopping; the final policy is not saved{where}"
+                f"iteration {self.iteration}: {broken} (learning_rate = {cfg.learning_rate:g} is probably far too "
+                f"large). Stopping; the final policy is not saved{where}"
             )
             err.metrics = metrics
             raise err
@@ -663,7 +671,8 @@ class PPOTrainer:
             try:
                 metrics = self.step()
             except NonFiniteError as err:
-                self._log(err.metrics)
+                if getattr(err, "metrics", None) is not None:  # the failed iteration's metrics are kept
+                    self._log(err.metrics)
                 raise
             if cfg.eval_interval and self.iteration % cfg.eval_interval == 0:
                 samples = self.evaluate()
@@ -845,6 +854,7 @@ class PPOTrainer:
         except (RuntimeError, ValueError) as err:
             first = str(err).strip().splitlines()
             detail = next((line.strip() for line in first if "size mismatch" in line or "Missing" in line or "Unexpected" in line), first[0] if first else "")
+            detail = detail if len(detail) <= 240 else detail[:240] + " ..."
             raise ValueError(f"checkpoint {str(path)!r} does not fit the models of this configuration: {detail}") from err
         self.run_id = state.get("run_id", self.run_id)
         self.scheduler.load_state_dict(objects["scheduler"])
@@ -895,6 +905,20 @@ def _jsonable(state):
 
 def _tupled(state):
     return tuple(tuple(x) if isinstance(x, list) else x for x in state)
+
+
+# An update that multiplies the trained weights' norm by more than this has exploded: ordinary
+# updates change it by well under 1% (a learning rate of 5e4 multiplies it by about 10^5).
+WEIGHT_GROWTH_LIMIT = 10.0
+
+
+def _broken_weights(before: float, after: float) -> str | None:
+    """What is wrong with the weights after an update, judged from their norm before and after."""
+    if not math.isfinite(after):
+        return "the weights are nan or inf after the update"
+    if before > 0 and after > WEIGHT_GROWTH_LIMIT * before:
+        return f"the update multiplied the norm of the trained weights by {after / before:.3g} (from {before:.4g} to {after:.4g}): they exploded"
+    return None
 
 
 def check_distributed_backend(kind) -> None:

@@ -173,3 +173,11 @@ def test_cli_expected_errors_are_one_line_with_a_nonzero_code(tiny_path, tmp_pat
     assert out.returncode != 0 and "Traceback" in out.stderr
     out = _cli(["train", "broken.yaml"], tmp_path, PPO_LAB_TRACEBACK="1")
     assert out.returncode != 0 and "Traceback" in out.stderr
+
+
+def test_weights_that_explode_stop_the_run(tiny_path, tmp_path):
+    # lr 5e4: finite weights of size ~5e4, which used to be saved as the final policy (exit 0)
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, learning_rate=5e4, target_kl=None))
+    with pytest.raises(NonFiniteError, match=r"iteration 1: the update multiplied the norm of the trained weights by .* they exploded \(learning_rate = 50000 is probably far too large\)"):
+        trainer.train()
+    assert not (tmp_path / "run" / "policy").exists()
