@@ -115,6 +115,7 @@ def save_checkpoint(
     Returns:
         The final folder.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     root = Path(root)
@@ -137,7 +138,7 @@ def save_checkpoint(
             manifest["files"][path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
         _write_file(tmp / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1)))
         _fsync_dir(tmp)
-    except (OSError, RuntimeError) as err:
+    except (OSError, RuntimeError, SafetensorError) as err:
         # A full disk (torch reports it as a RuntimeError from its C++ writer): the partial
         # folder is removed, so it does not go on filling the disk; older checkpoints stay.
         shutil.rmtree(tmp, ignore_errors=True)

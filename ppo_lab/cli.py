@@ -42,7 +42,7 @@ def train(args: argparse.Namespace) -> int:
 
 
 def _error(err: BaseException, code: int, args: argparse.Namespace) -> int:
-    if args.traceback or os.environ.get("PPO_LAB_TRACEBACK", "0") not in ("0", ""):
+    if args.traceback or os.environ.get("PPO_LAB_TRACEBACK", "0").lower() not in ("0", "", "false", "no", "off"):
         raise err
     message = re.sub(r"^\[Errno \d+\] ", "", str(err).strip()) or type(err).__name__
     print(f"ppo-lab: error: {message}", file=sys.stderr)
@@ -53,6 +53,8 @@ def _train(args: argparse.Namespace) -> int:
     from .config import PPOConfig
 
     config = PPOConfig.from_args(args.config, args)
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads = {args.threads} must be an integer >= 1")
     import torch
 
     from .trainer import PPOTrainer

@@ -169,13 +169,13 @@ class PPOConfig:
         _in_range(self, "penalty_kl_target", 0.0, None, low_open=True)
         for name in ["clip_eps_high", "max_grad_norm", "score_clip", "target_kl"]:
             if getattr(self, name) is not None:
-                _in_range(self, name, 0.0, None, low_open=True)
+                _in_range(self, name, 0.0, None, low_open=True, optional=True)
         if self.value_clip is not None:
-            _in_range(self, "value_clip", 0.0, None)
+            _in_range(self, "value_clip", 0.0, None, optional=True)
         if self.missing_eos_penalty is not None:
-            _in_range(self, "missing_eos_penalty", 0.0, None)
+            _in_range(self, "missing_eos_penalty", 0.0, None, optional=True)
         if self.dual_clip is not None:
-            _in_range(self, "dual_clip", 1.0, None, low_open=True)
+            _in_range(self, "dual_clip", 1.0, None, low_open=True, optional=True)
         from .estimators import ADVANTAGE_ESTIMATORS
 
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
@@ -215,8 +215,12 @@ class PPOConfig:
             raise ValueError(f"config file {str(path)!r} does not exist (presets: {', '.join(presets())})")
         if path.is_dir():
             raise ValueError(f"config file {str(path)!r} is a folder; give a YAML file of PPOConfig fields")
+        if path.stat().st_size > 1 << 20:
+            raise ValueError(f"config file {str(path)!r} has {path.stat().st_size / 2**20:.0f} MB: not a YAML file of PPOConfig fields")
         try:
             data = yaml.safe_load(path.read_text()) or {}
+        except OSError as err:
+            raise ValueError(f"config file {str(path)!r} cannot be read: {err.strerror or err}") from None
         except UnicodeDecodeError:
             raise ValueError(f"config file {str(path)!r} is not a text file; give a YAML file of PPOConfig fields") from None
         except yaml.YAMLError as err:
@@ -311,10 +315,11 @@ def _convert(name: str, value, hint):
     return value
 
 
-def _in_range(cfg, name, low, high, low_open=False):
+def _in_range(cfg, name, low, high, low_open=False, optional=False):
     v = getattr(cfg, name)
     ok = math.isfinite(v) and (v > low if low_open else v >= low) and (high is None or v <= high)
     if not ok:
         lo = "(" if low_open else "["
         hi = "inf)" if high is None else f"{high:g}]"
-        raise ValueError(f"PPOConfig.{name} = {v!r} must be a finite number in {lo}{low:g}, {hi}")
+        off = " (None switches it off)" if optional else ""
+        raise ValueError(f"PPOConfig.{name} = {v!r} must be a finite number in {lo}{low:g}, {hi}{off}")

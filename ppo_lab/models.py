@@ -55,8 +55,6 @@ def _load(loader, name: str, role: str, new_weights: bool = False, **kwargs):
     warns, and a reward or a critic with a random head trains on noise. `new_weights=True` allows
     it where a new head is the point (the base of a reward model about to be trained).
     """
-    from safetensors import SafetensorError
-
     path = resolve_model_path(name)
     if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
         raise ValueError(f"could not load the {role} from {name!r}: no such folder")
@@ -66,7 +64,9 @@ def _load(loader, name: str, role: str, new_weights: bool = False, **kwargs):
             if not is_model:
                 return loader.from_pretrained(path, **kwargs)
             model, info = loader.from_pretrained(path, output_loading_info=True, **kwargs)
-    except (OSError, ValueError, EnvironmentError, SafetensorError) as err:
+    except Exception as err:  # noqa: BLE001 - every loader fails differently: OSError, ValueError,
+        # SafetensorError (a truncated file), RuntimeError (a truncated .bin), the tokenizers
+        # library's bare Exception (a truncated tokenizer.json); each becomes one named error
         where = "a local folder" if Path(path).exists() else "not a local folder"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(

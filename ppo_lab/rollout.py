@@ -213,9 +213,14 @@ def sample(model, tokenizer, prompts: list[str], max_new_tokens: int, temperatur
             values.append(value_head(state.to(value_head.weight.dtype)).squeeze(-1).float())
         done = done | torch.isin(token, stops)
         # the one read-back per token: stop when every row has stopped; refuse nan logits
-        all_done, finite = torch.stack([done.all(), torch.isfinite(logits).all()]).tolist()
+        # (-inf is allowed: models mask tokens with it, as long as a row keeps a finite one)
+        usable = (~torch.isnan(logits) & (logits != float("inf"))).all() & torch.isfinite(logits).any(dim=-1).all()
+        all_done, finite = torch.stack([done.all(), usable]).tolist()
         if not finite:
-            raise NonFiniteError(f"the model's logits are nan or inf at generated token {t}: its weights are broken, so there is nothing to sample from")
+            raise NonFiniteError(
+                f"the model's logits are nan or inf at generated token {t}: its weights are broken or its activations "
+                "overflowed (fp16), so there is nothing to sample from"
+            )
         if t == max_new_tokens - 1 or all_done:
             break
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)

@@ -82,7 +82,8 @@ from .value import clipped_value_loss
 COMPILE_BACKEND = "inductor"
 
 # What a run writes in output_dir; overwrite_output_dir removes all of it.
-RUN_FILES = ("metrics.jsonl", "samples.jsonl", "config.yaml", "run.json", "checkpoints", "policy")
+# A folder "holds a run" when it has the first four (results); the rest is removed with them.
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "policy", "config.yaml", "run.json", "ppo_lab")  # ppo_lab/: accelerate's tracker logs
 
 # Fixed stream numbers (not hash(), which changes between processes) for `_generator`.
 _STREAMS = {"sample": 1, "shuffle": 2, "eval": 3}
@@ -696,7 +697,9 @@ class PPOTrainer:
     def _check_output_dir(self) -> None:
         """A fresh run needs an output_dir it can write and that holds no other run (unless
         overwrite_output_dir); both are checked before anything is loaded."""
-        held = [n for n in RUN_FILES if (self.output_dir / n).exists()]
+        if self.output_dir.exists() and not self.output_dir.is_dir():
+            raise ValueError(f"output_dir {str(self.output_dir)!r} is a file, not a folder")
+        held = [n for n in RUN_FILES[:4] if (self.output_dir / n).exists()]
         if held and not self.config.overwrite_output_dir:
             raise ValueError(
                 f"output_dir {str(self.output_dir)!r} already holds a run ({held[0]}); choose another "
@@ -717,11 +720,11 @@ class PPOTrainer:
         logs = [self.output_dir / n for n in ("metrics.jsonl", "samples.jsonl") if (self.output_dir / n).exists()]
         if self.iteration == 0 and self.resumed_from is None:
             self._check_output_dir()
+            self.accelerator.wait_for_everyone()  # every process checked before the main one writes
             if self.accelerator.is_main_process:
                 # Overwriting removes *everything* of the old run: its checkpoints left in place
                 # would be resumed from, or would push the new run's out under keep_checkpoints.
-                for name in RUN_FILES:
-                    path = self.output_dir / name
+                for path in [self.output_dir / n for n in RUN_FILES] + list(self.output_dir.glob("policy.*-*")):
                     if path.is_dir():
                         shutil.rmtree(path)
                     elif path.exists():
@@ -729,14 +732,21 @@ class PPOTrainer:
         elif self.accelerator.is_main_process:
             for path in logs:
                 rows = [line for line in path.read_text().splitlines() if line.strip()]
-                kept = [row for row in rows if json.loads(row).get("iteration", 0) <= self.iteration]
+                kept = [row for row in rows if _iteration_of_row(row) <= self.iteration]
                 path.write_text("".join(row + "\n" for row in kept))
         if self.accelerator.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "config.yaml").write_text(_yaml(self.config.to_dict()))
-            (self.output_dir / "run.json").write_text(json.dumps({"run_id": self.run_id}))
+            run_file = self.output_dir / "run.json.tmp"
+            run_file.write_text(json.dumps({"run_id": self.run_id}))
+            os.replace(run_file, self.output_dir / "run.json")
             ckpt.remove_partial(self.output_dir / "checkpoints")
-            for stale in self.output_dir.glob("policy.tmp-*"):  # a final save that was killed
+            # a final save that was killed: between its two renames the previous policy is
+            # policy.old-*, and it is put back; a half-written policy.tmp-* is removed
+            old = sorted(self.output_dir.glob("policy.old-*"))
+            if old and not (self.output_dir / "policy").exists():
+                old[0].rename(self.output_dir / "policy")
+            for stale in list(self.output_dir.glob("policy.tmp-*")) + list(self.output_dir.glob("policy.old-*")):
                 shutil.rmtree(stale, ignore_errors=True)
         self.accelerator.wait_for_everyone()
         self._output_ready = True
@@ -747,6 +757,8 @@ class PPOTrainer:
 
         A LoRA policy is saved merged (base + adapter), so the folder loads without peft.
         """
+        from safetensors import SafetensorError
+
         folder = Path(folder)
         if self.accelerator.is_main_process:
             # Written next to its final name and renamed when complete, like a checkpoint: a
@@ -764,9 +776,10 @@ class PPOTrainer:
                         lm.save_pretrained(tmp)
                 with _quiet_transformers():
                     self.tokenizer.save_pretrained(tmp)
-            except OSError as err:
+            except (OSError, RuntimeError, SafetensorError) as err:  # a full disk, a permission
                 shutil.rmtree(tmp, ignore_errors=True)
-                raise OSError(f"could not save the policy to {str(folder)!r} ({err.strerror or err}); nothing was written there") from err
+                reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
+                raise OSError(f"could not save the policy to {str(folder)!r} ({reason}); nothing was written there") from err
             if folder.exists():
                 old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
                 folder.rename(old)
@@ -839,7 +852,11 @@ class PPOTrainer:
         # checkpoints of compiled runs written before the wrapper was stripped on save
         tensors = {k: {n.replace("_orig_mod.", ""): t for n, t in sd.items()} if k in ("policy", "critic") else sd for k, sd in tensors.items()}
         folder_run = self.output_dir / "run.json"
-        if state.get("run_id") and folder_run.exists() and json.loads(folder_run.read_text()).get("run_id") != state["run_id"]:
+        try:
+            folder_run_id = json.loads(folder_run.read_text()).get("run_id") if folder_run.exists() else None
+        except (ValueError, AttributeError):
+            raise ValueError(f"{str(folder_run)!r} is not readable JSON; delete it if output_dir holds only this checkpoint's run") from None
+        if state.get("run_id") and folder_run_id is not None and folder_run_id != state["run_id"]:
             raise ValueError(
                 f"checkpoint {str(path)!r} belongs to another run than the one in output_dir {str(self.output_dir)!r} "
                 "(its run.json names a different run); resume into the checkpoint's own output_dir"
@@ -891,6 +908,14 @@ class PPOTrainer:
         with open(self.output_dir / name, "a") as fh:
             for row in rows:
                 fh.write(json.dumps({k: _json_value(v) for k, v in row.items()}) + "\n")
+
+
+def _iteration_of_row(row: str) -> float:
+    """The iteration of a metrics or samples row; a torn row (a run killed mid-write) sorts last."""
+    try:
+        return json.loads(row).get("iteration", 0)
+    except ValueError:
+        return math.inf
 
 
 def _iteration_of(path: Path) -> int:

@@ -16,7 +16,8 @@ from ppo_lab.trainer import NonFiniteError, PPOTrainer
 
 def _cli(args, cwd, **env):
     env = {**{k: v for k, v in os.environ.items() if k != "PPO_LAB_TRACEBACK"}, "HF_HUB_OFFLINE": "1", **env}
-    return subprocess.run([sys.executable, "-m", "ppo_lab.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    # -P: the working directory is not put on sys.path by Python itself (as with the ppo-lab script)
+    return subprocess.run([sys.executable, "-P", "-m", "ppo_lab.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
 
 
 SMALL = ["--rollout_batch_size", "16", "--minibatch_size", "8", "--ppo_epochs", "1", "--max_new_tokens", "6", "--progress_bar", "false", "--threads", "1"]
@@ -34,9 +35,13 @@ def _one_clear_line(out, code, *fragments):
 # --- two runs in one folder -------------------------------------------------------------
 def test_overwriting_a_run_removes_all_of_it_and_a_resume_continues_the_new_run(tiny_path, tmp_path):
     PPOTrainer(small_config(tmp_path, total_iterations=4, save_interval=1)).train()
-    new = PPOTrainer(small_config(tmp_path, total_iterations=2, save_interval=1, overwrite_output_dir=True, seed=5))
-    new.train()
     run = tmp_path / "run"
+    (run / "policy.old-123").mkdir()  # leftovers of an interrupted save go too
+    new = PPOTrainer(small_config(tmp_path, total_iterations=2, save_interval=1, overwrite_output_dir=True, seed=5))
+    new.train(1)
+    assert not (run / "policy").exists() and not (run / "policy.old-123").exists()  # the old run's final policy is gone
+    assert json.loads((run / "run.json").read_text()) == {"run_id": new.run_id}
+    new.train()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-000001", "checkpoint-000002"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2]
@@ -61,7 +66,7 @@ def test_an_occupied_output_dir_is_refused_before_any_model_is_loaded(tiny_path,
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded before the output_dir was checked")
 
-    monkeypatch.setattr("ppo_lab.lora.load_maybe_adapter", no_loading)
+    monkeypatch.setattr("ppo_lab.models._load", no_loading)
     with pytest.raises(ValueError, match=r"already holds a run \(metrics.jsonl\)"):
         PPOTrainer(small_config(tmp_path, total_iterations=1))
 
@@ -70,6 +75,29 @@ def test_an_unwritable_output_dir_is_refused_at_start(tmp_path):
     (tmp_path / "a_file").write_text("")
     with pytest.raises(ValueError, match=r"output_dir '.*a_file/run' cannot be written"):
         PPOTrainer(small_config(tmp_path, output_dir=str(tmp_path / "a_file" / "run")))
+    with pytest.raises(ValueError, match=r"output_dir '.*a_file' is a file, not a folder"):
+        PPOTrainer(small_config(tmp_path, output_dir=str(tmp_path / "a_file")))
+
+
+def test_a_killed_final_save_leaves_the_previous_policy(tiny_path, tmp_path):
+    # killed between its two renames: the previous policy is policy.old-*, the new one policy.tmp-*
+    first = PPOTrainer(small_config(tmp_path, total_iterations=1, save_interval=1))
+    first.train()
+    run = tmp_path / "run"
+    (run / "policy").rename(run / "policy.old-999")
+    (run / "policy.tmp-999").mkdir()
+    resumed = PPOTrainer(small_config(tmp_path, total_iterations=2, resume_from="latest"))
+    resumed.train(0)
+    assert (run / "policy" / "config.json").exists()
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("policy")) == ["policy"]
+
+
+def test_a_torn_last_metrics_row_is_dropped_on_resume(tiny_path, tmp_path):
+    PPOTrainer(small_config(tmp_path, total_iterations=1, save_interval=1)).train()
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"iteration": 2, "reward/sc')  # killed mid-write
+    PPOTrainer(small_config(tmp_path, total_iterations=2, resume_from="latest")).train()
+    assert [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()] == [1, 2]
 
 
 # --- broken weights are never saved as a result ---------------------------------------------
@@ -99,6 +127,22 @@ def test_sampling_from_nan_logits_is_an_error(tiny_path, tmp_path):
             p.fill_(float("nan"))
     with pytest.raises(NonFiniteError, match=r"logits are nan or inf at generated token 0"):
         trainer.evaluate(2)
+    with pytest.raises(NonFiniteError, match=r"logits are nan or inf at generated token 0"):
+        trainer.train()  # in training too, with nothing logged or saved
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "policy").exists()
+
+
+def test_masked_vocabulary_logits_are_not_an_error():
+    # -inf logits are how models forbid tokens; only nan, +inf or a row with nothing finite is refused
+    from ppo_lab.rollout import sample
+    from ppo_lab.models import load_policy, load_tokenizer
+    from ppo_lab.tiny import tiny_model_path
+
+    model, tok = load_policy(str(tiny_model_path())).eval(), load_tokenizer(str(tiny_model_path()))
+    forbidden = 7
+    model.lm_head.register_forward_hook(lambda m, a, out: out.index_fill(-1, torch.tensor([forbidden]), float("-inf")))
+    drawn = sample(model, tok, ["the pizza was"] * 4, 6, 1.0, 0, 1.0, [tok.eos_token_id], "cpu")
+    assert not (drawn.response_ids == forbidden).any()
 
 
 # --- models that are not what they claim -----------------------------------------------
@@ -120,8 +164,22 @@ def test_a_truncated_model_file_is_named(tiny_path, tmp_path):
 def test_resuming_with_models_of_another_shape_is_a_clear_error(tiny_path, tmp_path):
     PPOTrainer(small_config(tmp_path, total_iterations=1, save_interval=1)).train()
     with pytest.warns(UserWarning, match="different configuration"):
-        with pytest.raises(ValueError, match=r"checkpoint '.*checkpoint-000001' does not fit the models of this configuration: "):
+        with pytest.raises(ValueError, match=r"checkpoint '.*checkpoint-000001' does not fit the models of this configuration: Missing key"):
             PPOTrainer(small_config(tmp_path, total_iterations=2, lora_r=4, resume_from="latest"))
+    # a model of another width under the same names: a size mismatch, named
+    from transformers import GPT2LMHeadModel
+
+    from ppo_lab.models import load_policy, load_tokenizer
+
+    narrow = tmp_path / "narrow"
+    config = load_policy(str(tiny_path)).config
+    config.n_embd = 48
+    GPT2LMHeadModel(config).save_pretrained(narrow)
+    load_tokenizer(str(tiny_path)).save_pretrained(narrow)
+    with pytest.warns(UserWarning, match="different configuration"):
+        with pytest.raises(ValueError, match=r"does not fit the models of this configuration: size mismatch for "):
+            PPOTrainer(small_config(tmp_path, total_iterations=2, policy_model=str(narrow), resume_from="latest"))
+
 
 
 # --- saving ------------------------------------------------------------------------------
