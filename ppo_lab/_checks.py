@@ -142,9 +142,10 @@ def check_nonempty_mask(mask: torch.Tensor, what: str, dim: int | None = None) -
         return
     counts = mask.sum(dim=dim)
     if not bool((counts > 0).all()):
-        rows = torch.nonzero(counts == 0).flatten()[:5].tolist()
+        empty = torch.nonzero(counts == 0)[:5].tolist()  # one index list per empty slice
+        where = "[" + ", ".join(str(i[0]) if len(i) == 1 else str(tuple(i)) for i in empty) + "]"
         raise ValueError(
-            f"`mask` has no real tokens along dim={dim} at index(es) {rows}; cannot take {what}"
+            f"`mask` has no real tokens along dim={dim} at index(es) {where}; cannot take {what}"
         )
 
 

@@ -109,7 +109,7 @@ class PPOConfig:
     torch_compile: bool = _f(False, "Compile the training forwards with torch.compile.")
     lora_r: int = _f(0, "LoRA rank (0 = train all weights). With LoRA the reference is the policy with its adapter disabled: no second copy.")
     lora_alpha: float = _f(16.0, "LoRA scaling alpha.")
-    lora_dropout: float = _f(0.0, "LoRA dropout (0 keeps the first PPO step exactly on-policy).")
+    lora_dropout: float = _f(0.0, "LoRA dropout, in [0, 1): recorded in the saved adapter's config; during PPO it is switched off like every dropout, so the first update step is exactly on-policy.")
     lora_target_modules: str = _f("all-linear", "Modules that get LoRA adapters: all-linear, or a comma-separated list of module names.")
     output_dir: str = _f("runs/ppo", "Where metrics.jsonl, samples.jsonl and the final model are written.")
     overwrite_output_dir: bool = _f(False, "Start over in an output_dir that already holds a run, removing all of the old run: metrics, samples, config, checkpoints and final policy.")
@@ -166,6 +166,8 @@ class PPOConfig:
         _in_range(self, "penalty_beta", 0.0, None)
         _in_range(self, "lora_alpha", 0.0, None, low_open=True)
         _in_range(self, "lora_dropout", 0.0, 1.0)
+        if self.lora_dropout >= 1.0:  # peft refuses it too, but only once the model is loaded
+            raise ValueError(f"PPOConfig.lora_dropout = {self.lora_dropout!r} must be in [0, 1)")
         _in_range(self, "penalty_kl_target", 0.0, None, low_open=True)
         for name in ["clip_eps_high", "max_grad_norm", "score_clip", "target_kl"]:
             if getattr(self, name) is not None:

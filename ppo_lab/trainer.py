@@ -177,7 +177,8 @@ class PPOTrainer:
         if cfg.lora_r > 0:
             from .lora import LoRAReference, apply_lora
 
-            lm = apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+            # LoRA's dropout modules are new: switched off like every other dropout
+            lm = disable_dropout(apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules))
             # The reference is the same weights with the adapter switched off: no second copy.
             self.reference = LoRAReference(lm)
         else:

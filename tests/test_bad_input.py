@@ -155,3 +155,14 @@ def test_masked_mean_and_var_float16_do_not_overflow_in_their_sums():
     torch.testing.assert_close(var, P.masked_var(x.float(), mask).half(), atol=0, rtol=1e-3)
     mean = P.masked_mean(big, torch.ones(4, 100))
     assert mean.dtype == torch.float16 and mean.item() == 1000.0
+
+
+def test_empty_slices_of_a_3d_mask_are_named_by_position():
+    # the count along dim is 2-D here: name (i, j) pairs, not a flattened list of coordinates
+    from ppo_lab._checks import check_nonempty_mask
+
+    mask = torch.ones(2, 3, 4)
+    mask[0, 2] = 0
+    mask[1, 1] = 0
+    with pytest.raises(ValueError, match=r"no real tokens along dim=-1 at index\(es\) \[\(0, 2\), \(1, 1\)\]; cannot take"):
+        check_nonempty_mask(mask, "a mean", dim=-1)

@@ -43,6 +43,8 @@ def test_defaults_are_valid_and_documented():
         (dict(max_grad_norm=float("inf")), r"PPOConfig.max_grad_norm = inf must be a finite number"),
         (dict(kl_coef=float("nan")), r"PPOConfig.kl_coef = nan must be a finite number"),
         (dict(forward_batch_size=0), r"PPOConfig.forward_batch_size = 0 must be an integer >= 1 \(or None\)"),
+        # peft refuses it only after minutes of loading
+        (dict(lora_dropout=1.0), r"PPOConfig.lora_dropout = 1.0 must be in \[0, 1\)"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs, match):
