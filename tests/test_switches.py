@@ -70,3 +70,38 @@ def test_lora_dropout_is_switched_off_so_the_first_step_is_on_policy(tiny_path, 
     _, metrics = trainer._loss(ro, torch.arange(8), advantages, returns)
     # old log-probs from the sampling loop: equal up to fp32 round-off (dropout 0.3 gives ~1e-2)
     assert metrics["policy/approx_kl"].item() < 1e-9 and abs(metrics["policy/ratio_max"].item() - 1.0) < 1e-5
+
+
+def _readme_metric_names():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            names |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    return names
+
+
+def test_the_readme_metric_table_lists_exactly_the_emitted_keys(tiny_path, tmp_path):
+    import fnmatch
+
+    from test_scale import _emulate_fp16_loss_scaling
+
+    keys = set()
+    configs = [
+        dict(eval_interval=1),
+        dict(critic="shared", entropy_coef=0.01, kl_in="loss", dual_clip=3.0),
+        dict(policy_loss="kl_penalty", critic="none", advantage_estimator="rloo", responses_per_prompt=2),
+    ]
+    for i, overrides in enumerate(configs):
+        keys |= set(PPOTrainer(small_config(tmp_path / str(i), total_iterations=1, **overrides)).train()[-1])
+    fp16 = PPOTrainer(small_config(tmp_path / "fp16", total_iterations=1))
+    _emulate_fp16_loss_scaling(fp16, torch.amp.GradScaler("cpu"))
+    keys |= set(fp16.step())
+    names = _readme_metric_names()
+    undocumented = sorted(k for k in keys if not any(fnmatch.fnmatch(k, n) for n in names))
+    never_emitted = sorted(n for n in names if not any(fnmatch.fnmatch(k, n) for k in keys))
+    assert undocumented == [] and never_emitted == []
