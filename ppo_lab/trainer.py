@@ -422,7 +422,7 @@ class PPOTrainer:
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         micro = mb // (ga * world)
         collected: dict[str, list[torch.Tensor]] = {}
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        params = self._trained_parameters()
         shuffle = self._generator("shuffle")
         self._modes(training=True)
         steps, overflows, stop = 0, 0, False

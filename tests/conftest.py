@@ -73,3 +73,15 @@ VOLATILE = ("time/", "perf/")
 def stable(metrics):
     """Metrics without wall-clock timings and memory readings (which differ run to run)."""
     return {k: v for k, v in metrics.items() if not k.startswith(VOLATILE)}
+
+
+def overflow_first_backward(trainer):
+    """Make the first backward pass give one weight an inf gradient (an fp16 overflow)."""
+    param = next(p for p in trainer.lm.parameters() if p.requires_grad)
+    calls = {"n": 0}
+
+    def overflow_once(grad):
+        calls["n"] += 1
+        return torch.full_like(grad, float("inf")) if calls["n"] == 1 else grad
+
+    param.register_hook(overflow_once)

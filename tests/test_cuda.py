@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import small_config, stable
+from conftest import overflow_first_backward, small_config, stable
 from ppo_lab.trainer import PPOTrainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -36,14 +36,7 @@ def test_mixed_precision_on_cuda_trains_evaluates_saves_and_resumes(tiny_path, t
 def test_fp16_overflow_on_cuda_lowers_the_scale_and_training_goes_on(tiny_path, tmp_path):
     trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, precision="fp16", target_kl=None))
     scale = trainer.accelerator.scaler.get_scale()
-    param = next(p for p in trainer.lm.parameters() if p.requires_grad)
-    calls = {"n": 0}
-
-    def overflow_once(grad):
-        calls["n"] += 1
-        return torch.full_like(grad, float("inf")) if calls["n"] == 1 else grad
-
-    param.register_hook(overflow_once)
+    overflow_first_backward(trainer)
     metrics = trainer.step()
     assert metrics["train/overflow_steps"] >= 1.0 and trainer.bad_updates == 0
     assert trainer.accelerator.scaler.get_scale() < scale

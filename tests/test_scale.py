@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import small_config, stable
+from conftest import overflow_first_backward, small_config, stable
 from ppo_lab.trainer import PPOTrainer, check_distributed_backend
 
 
@@ -218,14 +218,7 @@ def test_fp16_overflow_lowers_the_loss_scale_and_training_goes_on(tiny_path, tmp
     trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, target_kl=None))
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     _emulate_fp16_loss_scaling(trainer, scaler)
-    param = next(p for p in trainer.lm.parameters() if p.requires_grad)
-    calls = {"n": 0}
-
-    def overflow_once(grad):
-        calls["n"] += 1
-        return torch.full_like(grad, float("inf")) if calls["n"] == 1 else grad
-
-    param.register_hook(overflow_once)
+    overflow_first_backward(trainer)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # an overflow is not a failed update
         metrics = trainer.step()
