@@ -80,3 +80,39 @@ def glue(name: str, value, display: bool = False) -> None:
     except ImportError:
         return
     _glue(name, value, display=display)
+
+
+def config(**fields):
+    """A `PPOConfig` for a chapter's run: the offline tiny model, no evaluation, no progress
+    bar and a fresh temporary `output_dir`; `fields` override any of it.
+
+    A chapter pins every field its claims rest on (its own dict of settings passed here), so
+    that it does not change when the package's defaults do.
+    """
+    import tempfile
+
+    from .config import PPOConfig
+
+    base = {"policy_model": "builtin:tiny", "eval_interval": 0, "progress_bar": False}
+    return PPOConfig(**{**base, **fields, "output_dir": fields.get("output_dir") or tempfile.mkdtemp(prefix="ppo_lab-book-")})
+
+
+def train(**fields):
+    """Train a fresh `PPOTrainer` on `config(**fields)` for its `total_iterations`; returns
+    `(trainer, history)`, the history being one metrics dict per iteration."""
+    from .trainer import PPOTrainer
+
+    trainer = PPOTrainer(config(**fields))
+    return trainer, trainer.train()
+
+
+def band(ax, histories: list[list[dict]], key: str, **style):
+    """Plot metric `key` of several runs (one history each, e.g. one per seed) on `ax`: their
+    median as a line and their min-to-max range as a band. Returns the line."""
+    import torch
+
+    ys = torch.tensor([[row[key] for row in history] for history in histories], dtype=torch.float64)
+    its = [row["iteration"] for row in histories[0]]
+    (line,) = ax.plot(its, ys.median(0).values, "o-", ms=3, **style)
+    ax.fill_between(its, ys.min(0).values, ys.max(0).values, color=line.get_color(), alpha=0.2)
+    return line
