@@ -193,12 +193,20 @@ def instrument_ppo_lab(trainer, timers: Timers):
 
     # update ----------------------------------------------------------------------------------
     trainer.update = T("update", trainer.update)
-    trainer._loss = T("update/_loss", trainer._loss)
+    if hasattr(trainer, "minibatch_loss"):
+        trainer.minibatch_loss = T("update/_loss", trainer.minibatch_loss)
+    else:
+        trainer._loss = T("update/_loss", trainer._loss)
     trainer_mod.response_logits = T("update/_loss/policy forward", trainer_mod.response_logits)
     trainer_mod.logprobs_from_logits = T("update/_loss/logprobs_from_logits", trainer_mod.logprobs_from_logits)
     trainer_mod.critic_values = T("update/_loss/critic forward", trainer_mod.critic_values)
-    trainer_mod.clipped_policy_loss = T("update/_loss/clipped_policy_loss (+ metrics)", trainer_mod.clipped_policy_loss)
-    trainer_mod.clipped_value_loss = T("update/_loss/clipped_value_loss (+ metrics)", trainer_mod.clipped_value_loss)
+    # the loss functions live in the trainer module up to the trainer refactor, in losses.py after it
+    try:
+        import ppo_lab.losses as loss_mod
+    except ImportError:
+        loss_mod = trainer_mod
+    loss_mod.clipped_policy_loss = T("update/_loss/clipped_policy_loss (+ metrics)", loss_mod.clipped_policy_loss)
+    loss_mod.clipped_value_loss = T("update/_loss/clipped_value_loss (+ metrics)", loss_mod.clipped_value_loss)
     acc = trainer.accelerator
     acc.backward = T("update/backward", acc.backward)
     acc.clip_grad_norm_ = T("update/clip_grad_norm_", acc.clip_grad_norm_)

@@ -17,13 +17,19 @@ module                 what it holds                                   chapter
 `clipping`             the clipped surrogate objective                 6
 `aggregation`          loss aggregation modes                          10
 `estimators`           advantage-estimator registry (GAE, RLOO, ...)   4, 10
+`losses`               policy-loss registry, the loss of a micro-batch 7, 10
 `tasks`, `tiny`        offline tasks and the built-in tiny model       1, 7
 `models`, `rewards`    the four roles: policy, reference, critic,      1, 7
                        reward
-`rollout`, `trainer`   sampling and the PPO loop                       7
+`rollout`              sampling (`Sampling`, `generate`) and scoring   1, 7
+`build`, `trainer`     building a run from its config; the PPO loop    7
+`metrics`              rollout metrics and the health checks           7
+`run_output`           a run's folder: metrics, samples, final policy  7
 `config`               `PPOConfig`, YAML and command line              7
 `plotting`             the training dashboard                          7
 `reward_model`         Bradley-Terry reward models                     8
+`checkpoint`, `resume` checkpoints and resuming a run exactly          9
+`distributed`          several processes: shard, gather, no_sync       9
 =====================  ==============================================  =========
 
 The math is imported eagerly (it needs only torch); the trainer, which imports transformers and
@@ -52,6 +58,11 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "PPOConfig": "config",
+    "Sampling": "rollout",
+    "generate": "rollout",
+    "POLICY_LOSSES": "losses",
+    "get_policy_loss": "losses",
+    "register_policy_loss": "losses",
     "PPOTrainer": "trainer",
     "Rollout": "rollout",
     "plot_dashboard": "plotting",
@@ -65,7 +76,7 @@ _LAZY = {
 }
 
 
-_LAZY_MODULES = {"book", "checkpoint", "config", "lora", "models", "plotting", "reward_model", "rewards", "rollout", "tasks", "tiny", "trainer"}
+_LAZY_MODULES = {"book", "build", "checkpoint", "config", "distributed", "hf", "lora", "losses", "metrics", "models", "plotting", "resume", "reward_model", "rewards", "rollout", "run_output", "tasks", "tiny", "trainer"}
 
 
 def __getattr__(name):

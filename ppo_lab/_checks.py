@@ -17,7 +17,12 @@ import torch
 class NonFiniteError(RuntimeError):
     """A run met nan or inf where it cannot go on: too many updates skipped for non-finite
     rewards, losses or gradients (`PPOConfig.max_bad_updates`), weights that became non-finite,
-    or a model whose logits are nan or inf."""
+    or a model whose logits are nan or inf. `metrics` holds the failed iteration's metrics
+    when there are any (the trainer logs them before stopping)."""
+
+    def __init__(self, message: str, metrics: dict | None = None):
+        super().__init__(message)
+        self.metrics = metrics
 
 
 # Checks of a tensor's *values* (a mask holds only 0 and 1, has a real token) read the tensor

@@ -33,7 +33,7 @@ AGGREGATION_MODES = (
 def aggregate_loss(
     loss: torch.Tensor,
     mask: torch.Tensor,
-    mode: str = "token-mean",
+    loss_agg: str = "token-mean",
     norm_length: float | None = None,
 ) -> torch.Tensor:
     """Reduce a per-token loss to a scalar over the real tokens.
@@ -41,7 +41,7 @@ def aggregate_loss(
     Args:
         loss: (B, T) per-token loss.
         mask: (B, T) 1 on real response tokens.
-        mode: one of `AGGREGATION_MODES` (see the module docstring).
+        loss_agg: one of `AGGREGATION_MODES` (see the module docstring).
         norm_length: the constant L of "seq-mean-token-sum-norm"; defaults to T.
 
     Returns:
@@ -52,15 +52,15 @@ def aggregate_loss(
     check_tensor("loss", loss, ndim=2)
     check_float(loss=loss)
     m = check_mask(mask, loss, "loss")
-    check_choice("loss aggregation mode", mode, AGGREGATION_MODES)
+    check_choice("loss aggregation mode", loss_agg, AGGREGATION_MODES)
     per_token = torch.where(m.bool(), loss, torch.zeros_like(loss))
-    if mode == "token-mean":
+    if loss_agg == "token-mean":
         check_nonempty_mask(m, "a token-mean")
         return per_token.sum() / m.sum()
     seq_sum = per_token.sum(dim=-1)  # (B,)
-    if mode == "seq-mean-token-sum":
+    if loss_agg == "seq-mean-token-sum":
         return seq_sum.mean()
-    if mode == "seq-mean-token-mean":
+    if loss_agg == "seq-mean-token-mean":
         check_nonempty_mask(m, "a per-sequence token mean", dim=-1)
         return (seq_sum / m.sum(dim=-1)).mean()
     length = loss.shape[-1] if norm_length is None else norm_length

@@ -239,3 +239,83 @@ def latest_checkpoint_from(candidates: list[Path]) -> Path | None:
             continue
         return path
     return None
+
+
+# --- what a resumed run needs besides the weights --------------------------------------------
+
+
+def random_state() -> tuple[dict[str, torch.Tensor], dict]:
+    """Every global random generator: torch's (and CUDA's) as tensors, Python's and NumPy's as
+    JSON, for `save_checkpoint`'s `tensors["rng"]` and its JSON state."""
+    import random
+
+    import numpy as np
+
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    kind, keys, *rest = np.random.get_state()
+    return rng, {"python_random": to_json(random.getstate()), "numpy_random": [kind, keys.tolist(), *rest]}
+
+
+def restore_random_state(rng: dict[str, torch.Tensor], state: dict) -> None:
+    """The inverse of `random_state`."""
+    import random
+
+    import numpy as np
+
+    random.setstate(from_json(state["python_random"]))
+    kind, keys, *rest = state["numpy_random"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(rng["torch"])
+    if torch.cuda.is_available():
+        cuda = [rng[k] for k in sorted(rng) if k.startswith("cuda")]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def to_json(state: tuple) -> list:
+    """A `random.getstate()`-style tuple as nested lists (JSON has no tuples)."""
+    return [list(x) if isinstance(x, tuple) else x for x in state]
+
+
+def from_json(state: list) -> tuple:
+    return tuple(tuple(x) if isinstance(x, list) else x for x in state)
+
+
+def find_checkpoint(where: str | Path, output_dir: str | Path) -> Path:
+    """The checkpoint that `resume_from = where` names: "latest" (the newest valid one in
+    output_dir/checkpoints) or a folder. A folder that fails verification is named in a warning
+    and the previous checkpoint beside it is used instead; with none left, ValueError."""
+    if str(where) == "latest":
+        root = Path(output_dir) / "checkpoints"
+        path = latest_checkpoint(root)
+    else:
+        root = Path(where).parent
+        try:
+            verify_checkpoint(where)
+            path = Path(where)
+        except CheckpointError as err:
+            older = [p for p in list_checkpoints(root) if _iteration_of(p) < _iteration_of(Path(where))]
+            warnings.warn(f"{err}; trying the previous checkpoint", stacklevel=3)
+            path = latest_checkpoint_from(older)
+    if path is None:
+        raise ValueError(f"no valid checkpoint to resume from in {str(root)!r} (resume_from = {str(where)!r})")
+    return path
+
+
+def _iteration_of(path: Path) -> int:
+    digits = "".join(ch for ch in path.name.split(".")[0] if ch.isdigit())
+    return int(digits) if digits else -1
+
+
+def warn_if_config_changed(saved: dict, now: dict, path: Path) -> None:
+    """Warn when the run being resumed was configured differently where it matters (every
+    field not marked `resume="free"` in `PPOConfig`)."""
+    from .config import free_on_resume
+
+    free = free_on_resume()
+    changed = sorted(k for k in now if k not in free and k in saved and saved[k] != now[k])
+    if changed:
+        detail = ", ".join(f"{k}: {saved[k]!r} -> {now[k]!r}" for k in changed)
+        warnings.warn(f"resuming {str(path)!r} with a different configuration ({detail}); the run will not match an unbroken one", stacklevel=4)

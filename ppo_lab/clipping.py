@@ -36,7 +36,7 @@ def clipped_policy_loss(
     clip_eps: float,
     clip_eps_high: float | None = None,
     dual_clip: float | None = None,
-    agg: str = "token-mean",
+    loss_agg: str = "token-mean",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO-clip policy loss, to be minimised.
 
@@ -48,7 +48,7 @@ def clipped_policy_loss(
         clip_eps: eps_low > 0, the lower clip range (and the upper one unless given).
         clip_eps_high: eps_high > 0, the upper clip range; None means clip_eps.
         dual_clip: c > 1 caps the loss of negative-advantage tokens at -c * A; None disables.
-        agg: loss aggregation mode (see `aggregate_loss`).
+        loss_agg: loss aggregation mode (see `aggregate_loss`).
 
     Returns:
         loss: 0-dim tensor.
@@ -83,7 +83,7 @@ def clipped_policy_loss(
         dual_active = (advantages < 0) & (capped < per_token)
         per_token = torch.where(advantages < 0, capped, per_token)
         metrics["policy/dual_clipfrac"] = masked_mean(dual_active.to(m.dtype), m)
-    loss = aggregate_loss(per_token, m, agg)
+    loss = aggregate_loss(per_token, m, loss_agg)
     with torch.no_grad():
         clip_active = (clipped > unclipped).to(m.dtype)
         approx_kl = torch.expm1(log_ratio) - log_ratio  # k3 with r = rho
@@ -102,8 +102,8 @@ def kl_penalized_policy_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    beta: float,
-    agg: str = "token-mean",
+    penalty_beta: float,
+    loss_agg: str = "token-mean",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's other variant, the adaptive KL penalty (Schulman et al., 2017, section 4).
 
@@ -120,8 +120,8 @@ def kl_penalized_policy_loss(
         old_logprobs: (B, T) log pi_old of the same tokens.
         advantages: (B, T) advantage estimates (treated as constants).
         mask: (B, T) 1 on real response tokens.
-        beta: penalty weight >= 0.
-        agg: loss aggregation mode (see `aggregate_loss`).
+        penalty_beta: the penalty weight beta >= 0.
+        loss_agg: loss aggregation mode (see `aggregate_loss`).
 
     Returns:
         loss: 0-dim tensor.
@@ -133,13 +133,13 @@ def kl_penalized_policy_loss(
     check_tensor("logprobs", logprobs, ndim=2)
     check_float(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
     m = check_mask(mask, logprobs, "logprobs")
-    beta = check_range("beta", beta, low=0.0)
+    beta = check_range("penalty_beta", penalty_beta, low=0.0)
     real = m.bool()
     log_ratio = torch.where(real, logprobs - old_logprobs, torch.zeros_like(logprobs))
     ratio = torch.exp(log_ratio)
     k3 = torch.expm1(log_ratio) - log_ratio
     per_token = -advantages.detach() * ratio + beta * k3
-    loss = aggregate_loss(per_token, m, agg)
+    loss = aggregate_loss(per_token, m, loss_agg)
     with torch.no_grad():
         metrics = {
             "policy/clipfrac": torch.zeros((), dtype=m.dtype, device=m.device),

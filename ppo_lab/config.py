@@ -34,11 +34,25 @@ from .aggregation import AGGREGATION_MODES
 from .kl import KL_ESTIMATORS
 
 
-def _f(default, help: str, choices=None):
-    meta = {"help": help}
+def _f(default, help: str, choices=None, *, low=None, high=None, low_open=False, high_open=False, resume="fixed"):
+    """A field with its help text, and the one statement of what it accepts.
+
+    `low` / `high` bound a number (open or closed ends; an int field is checked as an integer
+    >= low); an optional field (type `X | None`) accepts None too. `resume`: "free" when the
+    field may change between a run and its resumption without changing what the run computes
+    (logging, checkpointing, the length of the run); "fixed" fields are compared on resume.
+    """
+    meta = {"help": help, "resume": resume}
     if choices is not None:
         meta["choices"] = tuple(choices)
+    if low is not None:
+        meta["range"] = (low, high, low_open, high_open)
     return field(default=default, metadata=meta)
+
+
+def free_on_resume() -> set[str]:
+    """The fields a resumed run may change (the rest must match the checkpoint's config)."""
+    return {f.name for f in dataclasses.fields(PPOConfig) if f.metadata["resume"] == "free"}
 
 
 @dataclass
@@ -47,6 +61,7 @@ class PPOConfig:
     policy_model: str = _f("builtin:tiny", "Policy to train: a hub name, a local folder, or builtin:tiny (the offline default).")
     tokenizer: str | None = _f(None, "Tokenizer to use; defaults to the policy's.")
     critic: str = _f("separate", "Critic design: a separate model with a scalar head, a value head on the policy's backbone, or none (for critic-free estimators such as grpo and rloo).", ("separate", "shared", "none"))
+    value_pooling: str = _f("token", "What the separate critic's head reads at position t: the hidden state at t, or the mean of the hidden states of the real tokens up to t.", ("token", "mean"))
     critic_model: str | None = _f(None, "Initialise the separate critic from this model (hub name or folder, e.g. the reward model); default: the policy.")
     reward: str | None = _f(None, "Reward: a sequence-classification model (hub name or folder), or module:function for a Python callable; default: the task's gold reward.")
     reward_label_index: int = _f(-1, "For a classification reward model with several labels, the logit used as the score.")
@@ -54,74 +69,77 @@ class PPOConfig:
     # --- task ----------------------------------------------------------------------------
     task: str = _f("sentiment", "Built-in task providing prompts and the gold reward.", ("sentiment", "arithmetic"))
     # --- generation ----------------------------------------------------------------------
-    max_new_tokens: int = _f(12, "Most tokens generated per response.")
-    temperature: float = _f(1.0, "Sampling temperature; the same value is used in every log-prob forward.")
-    top_k: int = _f(0, "Sample from the k most likely tokens only (0 = off). Makes the PPO ratio approximate.")
-    top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off). Makes the PPO ratio approximate.")
+    max_new_tokens: int = _f(12, "Most tokens generated per response.", low=1)
+    temperature: float = _f(1.0, "Sampling temperature; the same value is used in every log-prob forward.", low=0.0, low_open=True)
+    top_k: int = _f(0, "Sample from the k most likely tokens only (0 = off). Makes the PPO ratio approximate.", low=0)
+    top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off). Makes the PPO ratio approximate.", low=0.0, high=1.0, low_open=True)
     stop_token: str | None = _f(None, "An extra token that ends a response, besides EOS.")
     old_logprobs: str = _f("auto", "Where the rollout's log-probs (and a shared value head's values) come from: the logits the tokens were sampled from (no extra forward), a separate forward pass, or auto: sampling in fp32, forward in bf16/fp16.", ("auto", "sampling", "forward"))
     ignore_eos: bool = _f(False, "Never stop a response: sample exactly max_new_tokens tokens, all of them real (for benchmarks).")
     # --- batches -------------------------------------------------------------------------
-    rollout_batch_size: int = _f(64, "Responses sampled per PPO iteration (global: each of N processes samples rollout_batch_size / N).")
-    responses_per_prompt: int = _f(1, "Responses sampled for each prompt (>1 for rloo/grpo).")
-    minibatch_size: int = _f(16, "Responses per optimizer step (global); must divide rollout_batch_size.")
-    forward_batch_size: int | None = _f(None, "Responses per scoring forward in the rollout (policy, reference, critic), on each process; None = its whole share at once. Lower it on a GPU to bound the memory of the (responses x length x vocabulary) logits.")
-    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch on each process; a micro-batch holds minibatch_size / (gradient_accumulation_steps x processes) responses.")
-    ppo_epochs: int = _f(4, "Passes over each rollout batch.")
-    total_iterations: int = _f(60, "PPO iterations (rollout + update) to run.")
+    rollout_batch_size: int = _f(64, "Responses sampled per PPO iteration (global: each of N processes samples rollout_batch_size / N).", low=1)
+    responses_per_prompt: int = _f(1, "Responses sampled for each prompt (>1 for rloo/grpo).", low=1)
+    minibatch_size: int = _f(16, "Responses per optimizer step (global); must divide rollout_batch_size.", low=1)
+    forward_batch_size: int | None = _f(None, "Responses per scoring forward in the rollout (policy, reference, critic), on each process; None = its whole share at once. Lower it on a GPU to bound the memory of the (responses x length x vocabulary) logits.", low=1)
+    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch on each process; a micro-batch holds minibatch_size / (gradient_accumulation_steps x processes) responses.", low=1)
+    ppo_epochs: int = _f(4, "Passes over each rollout batch.", low=1)
+    total_iterations: int = _f(60, "PPO iterations (rollout + update) to run.", low=1, resume="free")
     # --- optimisation --------------------------------------------------------------------
-    learning_rate: float = _f(3e-4, "AdamW learning rate (policy and critic); the default suits the tiny offline model, hub models want 1e-6 to 1e-5.")
+    learning_rate: float = _f(3e-4, "AdamW learning rate (policy and critic); the default suits the tiny offline model, hub models want 1e-6 to 1e-5.", low=0.0, low_open=True)
     lr_schedule: str = _f("constant", "Learning-rate schedule after warmup.", ("constant", "linear", "cosine"))
-    warmup_steps: int = _f(0, "Optimizer steps of linear warmup.")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
-    max_grad_norm: float | None = _f(1.0, "Clip the gradient norm to this value (None = no clipping).")
+    warmup_steps: int = _f(0, "Optimizer steps of linear warmup.", low=0)
+    weight_decay: float = _f(0.0, "AdamW weight decay.", low=0.0)
+    critic_learning_rate: float | None = _f(None, "The critic's own learning rate (separate or shared critic's value head); None = learning_rate.", low=0.0, low_open=True)
+    value_warmup_iterations: int = _f(0, "Iterations at the start of the run that train only the critic (the policy is not updated; VAPO's value pretraining).", low=0)
+    max_grad_norm: float | None = _f(1.0, "Clip the gradient norm to this value (None = no clipping).", low=0.0, low_open=True)
     # --- PPO losses ----------------------------------------------------------------------
-    policy_loss: str = _f("clip", "PPO variant: the clipped surrogate, or the adaptive KL penalty to the old policy (PPO-penalty).", ("clip", "kl_penalty"))
-    penalty_beta: float = _f(1.0, "Initial beta of PPO-penalty (policy_loss = kl_penalty).")
-    penalty_kl_target: float = _f(0.01, "Target KL(old || new) per token of PPO-penalty; beta doubles above 1.5x, halves below 1/1.5x.")
-    clip_eps: float = _f(0.2, "Policy ratio clip range epsilon.")
-    clip_eps_high: float | None = _f(None, "Upper ratio clip range (None = clip_eps).")
-    target_kl: float | None = _f(0.1, "Early stop: end an iteration's update before a minibatch whose policy/approx_kl (KL(old || new) per token, measured before its step) exceeds this (None = off).")
-    dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages (None = off).")
-    value_clip: float | None = _f(0.2, "Value clip range around the rollout values (None = off).")
-    vf_coef: float = _f(0.5, "Weight of the value loss.")
-    entropy_coef: float = _f(0.0, "Weight of the entropy bonus.")
+    policy_loss: str = _f("clip", "Policy loss from the registry (ppo_lab.losses): clip, the clipped surrogate; kl_penalty, the adaptive KL penalty to the old policy (PPO-penalty); or one registered by you.")
+    penalty_beta: float = _f(1.0, "Initial beta of PPO-penalty (policy_loss = kl_penalty).", low=0.0)
+    penalty_kl_target: float = _f(0.01, "Target KL(old || new) per token of PPO-penalty; beta doubles above 1.5x, halves below 1/1.5x.", low=0.0, low_open=True)
+    clip_eps: float = _f(0.2, "Policy ratio clip range epsilon.", low=0.0, low_open=True)
+    clip_eps_high: float | None = _f(None, "Upper ratio clip range (None = clip_eps).", low=0.0, low_open=True)
+    target_kl: float | None = _f(0.1, "Early stop: end an iteration's update before a minibatch whose policy/approx_kl (KL(old || new) per token, measured before its step) exceeds this (None = off).", low=0.0, low_open=True)
+    dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages (None = off).", low=1.0, low_open=True)
+    value_clip: float | None = _f(0.2, "Value clip range around the rollout values (None = off).", low=0.0)
+    vf_coef: float = _f(0.5, "Weight of the value loss.", low=0.0)
+    entropy_coef: float = _f(0.0, "Weight of the entropy bonus.", low=0.0)
     loss_agg: str = _f("token-mean", "How per-token losses are aggregated.", AGGREGATION_MODES)
     # --- advantages ----------------------------------------------------------------------
     advantage_estimator: str = _f("gae", "Advantage estimator from the registry (gae, reinforce, rloo, grpo, ...).")
-    gamma: float = _f(1.0, "Discount factor.")
-    lam: float = _f(0.95, "GAE lambda.")
+    gamma: float = _f(1.0, "Discount factor.", low=0.0, high=1.0)
+    lam: float = _f(0.95, "GAE lambda, for the policy's advantages.", low=0.0, high=1.0)
+    critic_lam: float | None = _f(None, "GAE lambda for the critic's return targets (VAPO's decoupled lambda, e.g. 1.0); None = lam.", low=0.0, high=1.0)
     whiten_advantages: bool = _f(True, "Normalise advantages to mean 0, std 1 over the real tokens of the batch.")
     # --- reward shaping and KL -----------------------------------------------------------
-    kl_coef: float = _f(0.2, "Initial KL coefficient beta (per-token penalty weight).")
+    kl_coef: float = _f(0.2, "Initial KL coefficient beta (per-token penalty weight).", low=0.0)
     kl_estimator: str = _f("k1", "Per-token KL estimator.", KL_ESTIMATORS)
     kl_in: str = _f("reward", "Put the KL penalty in the per-token reward, or add it to the loss.", ("reward", "loss"))
     kl_control: str = _f("fixed", "Keep beta fixed, or adapt it toward kl_target.", ("fixed", "adaptive"))
-    kl_target: float = _f(6.0, "Target KL per response (adaptive control).")
-    kl_horizon: float = _f(10000.0, "Horizon of the adaptive controller, in responses.")
-    score_clip: float | None = _f(None, "Clip scores to [-score_clip, score_clip] (None = off).")
+    kl_target: float = _f(6.0, "Target KL per response (adaptive control).", low=0.0, low_open=True)
+    kl_horizon: float = _f(10000.0, "Horizon of the adaptive controller, in responses.", low=0.0, low_open=True)
+    score_clip: float | None = _f(None, "Clip scores to [-score_clip, score_clip] (None = off).", low=0.0, low_open=True)
     score_norm: bool = _f(False, "Normalise scores to mean 0, std 1 over each rollout batch.")
-    missing_eos_penalty: float | None = _f(None, "Subtract this from the score of a response with no EOS (None = off).")
+    missing_eos_penalty: float | None = _f(None, "Subtract this from the score of a response with no EOS (None = off).", low=0.0)
     # --- run -----------------------------------------------------------------------------
     seed: int = _f(0, "Random seed.")
     precision: str = _f("fp32", "Mixed precision (bf16/fp16 on GPU; master weights and loss math stay fp32).", ("fp32", "bf16", "fp16"))
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass (policy and critic) to save memory.")
     torch_compile: bool = _f(False, "Compile the training forwards with torch.compile.")
-    lora_r: int = _f(0, "LoRA rank (0 = train all weights). With LoRA the reference is the policy with its adapter disabled: no second copy.")
-    lora_alpha: float = _f(16.0, "LoRA scaling alpha.")
-    lora_dropout: float = _f(0.0, "LoRA dropout, in [0, 1): recorded in the saved adapter's config; during PPO it is switched off like every dropout, so the first update step is exactly on-policy.")
+    lora_r: int = _f(0, "LoRA rank (0 = train all weights). With LoRA the reference is the policy with its adapter disabled: no second copy.", low=0)
+    lora_alpha: float = _f(16.0, "LoRA scaling alpha.", low=0.0, low_open=True)
+    lora_dropout: float = _f(0.0, "LoRA dropout, in [0, 1): recorded in the saved adapter's config; during PPO it is switched off like every dropout, so the first update step is exactly on-policy.", low=0.0, high=1.0, high_open=True)
     lora_target_modules: str = _f("all-linear", "Modules that get LoRA adapters: all-linear, or a comma-separated list of module names.")
-    output_dir: str = _f("runs/ppo", "Where metrics.jsonl, samples.jsonl and the final model are written.")
-    overwrite_output_dir: bool = _f(False, "Start over in an output_dir that already holds a run, removing all of the old run: metrics, samples, config, checkpoints and final policy.")
-    log_interval: int = _f(1, "Write metrics every this many iterations.")
-    eval_interval: int = _f(20, "Score the eval prompts and write samples every this many iterations (0 = off).")
-    eval_prompts: int = _f(16, "How many eval prompts to sample at each evaluation.")
-    save_interval: int = _f(0, "Write a checkpoint (weights, optimizer, scheduler, KL controllers, RNG, step) every this many iterations (0 = none); the final policy is always saved.")
-    keep_checkpoints: int = _f(2, "How many of the newest checkpoints to keep in output_dir/checkpoints.")
-    resume_from: str | None = _f(None, "Resume from a checkpoint folder, or 'latest' for the newest valid one in output_dir/checkpoints.")
-    max_bad_updates: int = _f(3, "Stop the run after this many updates skipped for nan or inf in rewards, losses or gradients.")
-    report_to: str | None = _f(None, "Also log to these trackers through accelerate (tensorboard, wandb, trackio; comma-separated).")
-    progress_bar: bool = _f(True, "Show a progress bar with reward and KL.")
+    output_dir: str = _f("runs/ppo", "Where metrics.jsonl, samples.jsonl and the final model are written.", resume="free")
+    overwrite_output_dir: bool = _f(False, "Start over in an output_dir that already holds a run, removing all of the old run: metrics, samples, config, checkpoints and final policy.", resume="free")
+    log_interval: int = _f(1, "Write metrics every this many iterations.", low=1, resume="free")
+    eval_interval: int = _f(20, "Score the eval prompts and write samples every this many iterations (0 = off).", low=0, resume="free")
+    eval_prompts: int = _f(16, "How many eval prompts to sample at each evaluation.", low=1, resume="free")
+    save_interval: int = _f(0, "Write a checkpoint (weights, optimizer, scheduler, KL controllers, RNG, step) every this many iterations (0 = none); the final policy is always saved.", low=0, resume="free")
+    keep_checkpoints: int = _f(2, "How many of the newest checkpoints to keep in output_dir/checkpoints.", low=1, resume="free")
+    resume_from: str | None = _f(None, "Resume from a checkpoint folder, or 'latest' for the newest valid one in output_dir/checkpoints.", resume="free")
+    max_bad_updates: int = _f(3, "Stop the run after this many updates skipped for nan or inf in rewards, losses or gradients.", low=1, resume="free")
+    report_to: str | None = _f(None, "Also log to these trackers through accelerate (tensorboard, wandb, trackio; comma-separated).", resume="free")
+    progress_bar: bool = _f(True, "Show a progress bar with reward and KL.", resume="free")
 
     def __post_init__(self):
         self._coerce_types()
@@ -142,49 +160,27 @@ class PPOConfig:
             value = getattr(self, f.name)
             if choices is not None and value not in choices:
                 raise ValueError(f"PPOConfig.{f.name} = {value!r} is not allowed; valid values are: {', '.join(map(repr, choices))}")
-        positive_ints = ["max_new_tokens", "rollout_batch_size", "responses_per_prompt", "minibatch_size", "gradient_accumulation_steps", "ppo_epochs", "total_iterations", "log_interval", "eval_prompts", "keep_checkpoints", "max_bad_updates"]
-        for name in positive_ints:
-            if getattr(self, name) < 1:
-                raise ValueError(f"PPOConfig.{name} = {getattr(self, name)!r} must be an integer >= 1")
-        if self.forward_batch_size is not None and self.forward_batch_size < 1:
-            raise ValueError(f"PPOConfig.forward_batch_size = {self.forward_batch_size!r} must be an integer >= 1 (or None)")
-        for name in ["warmup_steps", "eval_interval", "save_interval", "top_k", "lora_r"]:
-            if getattr(self, name) < 0:
-                raise ValueError(f"PPOConfig.{name} = {getattr(self, name)!r} must be an integer >= 0")
-        _in_range(self, "temperature", 0.0, None, low_open=True)
-        _in_range(self, "top_p", 0.0, 1.0, low_open=True)
-        _in_range(self, "learning_rate", 0.0, None, low_open=True)
-        _in_range(self, "weight_decay", 0.0, None)
-        _in_range(self, "clip_eps", 0.0, None, low_open=True)
-        _in_range(self, "vf_coef", 0.0, None)
-        _in_range(self, "entropy_coef", 0.0, None)
-        _in_range(self, "gamma", 0.0, 1.0)
-        _in_range(self, "lam", 0.0, 1.0)
-        _in_range(self, "kl_coef", 0.0, None)
-        _in_range(self, "kl_target", 0.0, None, low_open=True)
-        _in_range(self, "kl_horizon", 0.0, None, low_open=True)
-        _in_range(self, "penalty_beta", 0.0, None)
-        _in_range(self, "lora_alpha", 0.0, None, low_open=True)
-        _in_range(self, "lora_dropout", 0.0, 1.0)
-        if self.lora_dropout >= 1.0:  # peft refuses it too, but only once the model is loaded
-            raise ValueError(f"PPOConfig.lora_dropout = {self.lora_dropout!r} must be in [0, 1)")
-        _in_range(self, "penalty_kl_target", 0.0, None, low_open=True)
-        for name in ["clip_eps_high", "max_grad_norm", "score_clip", "target_kl"]:
-            if getattr(self, name) is not None:
-                _in_range(self, name, 0.0, None, low_open=True, optional=True)
-        if self.value_clip is not None:
-            _in_range(self, "value_clip", 0.0, None, optional=True)
-        if self.missing_eos_penalty is not None:
-            _in_range(self, "missing_eos_penalty", 0.0, None, optional=True)
-        if self.dual_clip is not None:
-            _in_range(self, "dual_clip", 1.0, None, low_open=True, optional=True)
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if "range" in f.metadata and value is not None:
+                optional = type(None) in typing.get_args(hints[f.name])
+                _check_range(f.name, value, *f.metadata["range"], integer=_base_type(hints[f.name]) is int, optional=optional)
         from .estimators import ADVANTAGE_ESTIMATORS
+        from .losses import POLICY_LOSSES
+
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(f"PPOConfig.policy_loss = {self.policy_loss!r} is not allowed; valid values are: {', '.join(map(repr, sorted(POLICY_LOSSES)))}")
 
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
             valid = ", ".join(map(repr, sorted(ADVANTAGE_ESTIMATORS)))
             raise ValueError(f"PPOConfig.advantage_estimator = {self.advantage_estimator!r} is not allowed; valid values are: {valid}")
         if self.advantage_estimator == "gae" and self.critic == "none":
             raise ValueError("PPOConfig.critic = 'none' cannot be used with advantage_estimator = 'gae', which needs values; use 'separate' or 'shared', or a critic-free estimator (reinforce, rloo, grpo)")
+        if self.value_pooling != "token" and self.critic != "separate":
+            raise ValueError(f"PPOConfig.value_pooling = {self.value_pooling!r} needs critic = 'separate' (got {self.critic!r})")
+        if self.value_warmup_iterations and self.critic == "none":
+            raise ValueError("PPOConfig.value_warmup_iterations needs a critic to warm up; critic = 'none' has none")
         if self.advantage_estimator in ("rloo", "grpo") and self.responses_per_prompt < 2:
             raise ValueError(f"PPOConfig.advantage_estimator = {self.advantage_estimator!r} compares responses to the same prompt: set responses_per_prompt >= 2 (got {self.responses_per_prompt})")
         self.check_divisibility(processes=1)
@@ -317,11 +313,14 @@ def _convert(name: str, value, hint):
     return value
 
 
-def _in_range(cfg, name, low, high, low_open=False, optional=False):
-    v = getattr(cfg, name)
-    ok = math.isfinite(v) and (v > low if low_open else v >= low) and (high is None or v <= high)
+def _check_range(name, v, low, high, low_open, high_open, integer=False, optional=False):
+    if integer:
+        if v < low:
+            raise ValueError(f"PPOConfig.{name} = {v!r} must be an integer >= {low}" + (" (or None)" if optional else ""))
+        return
+    ok = math.isfinite(v) and (v > low if low_open else v >= low) and (high is None or (v < high if high_open else v <= high))
     if not ok:
         lo = "(" if low_open else "["
-        hi = "inf)" if high is None else f"{high:g}]"
+        hi = "inf)" if high is None else f"{high:g}" + (")" if high_open else "]")
         off = " (None switches it off)" if optional else ""
         raise ValueError(f"PPOConfig.{name} = {v!r} must be a finite number in {lo}{low:g}, {hi}{off}")

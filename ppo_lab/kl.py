@@ -19,18 +19,18 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_choice, check_float, check_range, check_response_dim, check_same_shape, check_tensor
-from .logprobs import _rows
+from .logprobs import scaled_rows
 
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k1") -> torch.Tensor:
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_estimator: str = "k1") -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from the sampled tokens' log-probabilities.
 
     Args:
         logprobs: (B, T) log pi(x_t) of the tokens sampled from pi.
         ref_logprobs: (B, T) log pi_ref(x_t) of the same tokens.
-        kind: "k1", "k2", "k3" or "abs" (see the module docstring).
+        kl_estimator: "k1", "k2", "k3" or "abs" (see the module docstring).
 
     Returns:
         (B, T) per-token estimates (apply the response mask before averaging).
@@ -42,13 +42,13 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     check_float(logprobs=logprobs, ref_logprobs=ref_logprobs)
     check_response_dim("logprobs", logprobs)
-    check_choice("KL estimator", kind, KL_ESTIMATORS)
+    check_choice("KL estimator", kl_estimator, KL_ESTIMATORS)
     log_ratio = ref_logprobs - logprobs  # log r = log(pi_ref / pi)
-    if kind == "k1":
+    if kl_estimator == "k1":
         return -log_ratio
-    if kind == "abs":
+    if kl_estimator == "abs":
         return log_ratio.abs()
-    if kind == "k2":
+    if kl_estimator == "k2":
         return 0.5 * log_ratio**2
     # k3 >= 0 in exact arithmetic (e^x >= 1 + x); the clamp removes rounding noise below 0.
     return (torch.expm1(log_ratio) - log_ratio).clamp(min=0.0)
@@ -76,7 +76,7 @@ def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor, temperature: float =
     temperature = check_range("temperature", temperature, low=0.0, low_open=True)
     out = []
     # One sequence at a time: two (T, V) log-softmax temporaries instead of four (B, T, V) ones.
-    for row, ref_row in zip(_rows(logits, temperature), _rows(ref_logits, temperature)):
+    for row, ref_row in zip(scaled_rows(logits, temperature), scaled_rows(ref_logits, temperature)):
         logp = torch.log_softmax(row, dim=-1)
         logq = torch.log_softmax(ref_row, dim=-1)
         out.append((logp.exp() * (logp - logq)).sum(dim=-1))

@@ -40,8 +40,8 @@ class AdaptiveKLController:
     same unit: how many of them it takes to correct a 20% error by about e^0.2.
     """
 
-    def __init__(self, init_kl_coef: float, target: float, horizon: float):
-        self.value = check_range("init_kl_coef", init_kl_coef, low=0.0)
+    def __init__(self, kl_coef: float, target: float, horizon: float):
+        self.value = check_range("kl_coef", kl_coef, low=0.0)
         self.target = check_range("target", target, low=0.0, low_open=True)
         self.horizon = check_range("horizon", horizon, low=0.0, low_open=True)
 
@@ -72,8 +72,8 @@ class PPOPenaltyKLController:
     ignored (the rule fires once per call).
     """
 
-    def __init__(self, init_kl_coef: float, target: float):
-        self.value = check_range("init_kl_coef", init_kl_coef, low=0.0)
+    def __init__(self, kl_coef: float, target: float):
+        self.value = check_range("kl_coef", kl_coef, low=0.0)
         self.target = check_range("target", target, low=0.0, low_open=True)
 
     def update(self, current_kl: float, n_steps: int = 1) -> float:

@@ -25,7 +25,7 @@ from ._checks import check_float, check_range, check_tensor
 _FULL_PRECISION = (torch.float32, torch.float64)
 
 
-def _rows(logits: torch.Tensor, temperature: float):
+def scaled_rows(logits: torch.Tensor, temperature: float):
     """Yield each sequence's logits (T, V) in at least float32, divided by the temperature."""
     for row in logits:
         if row.dtype not in _FULL_PRECISION:
@@ -36,14 +36,14 @@ def _rows(logits: torch.Tensor, temperature: float):
 
 
 def logprobs_from_logits(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0
+    logits: torch.Tensor, response_ids: torch.Tensor, temperature: float = 1.0
 ) -> torch.Tensor:
     """Log-probability of each given token under softmax(logits / temperature).
 
     Args:
-        logits: (B, T, V) next-token logits; `logits[b, t]` is the distribution of `tokens[b, t]`
+        logits: (B, T, V) next-token logits; `logits[b, t]` is the distribution of `response_ids[b, t]`
             (shift the model's output by one position before calling).
-        tokens: (B, T) integer token ids.
+        response_ids: (B, T) integer token ids.
         temperature: tau > 0, the same value that was used for sampling.
 
     Returns:
@@ -51,28 +51,28 @@ def logprobs_from_logits(
 
     Naive equivalent::
 
-        torch.log_softmax(logits / temperature, -1).gather(-1, tokens[..., None]).squeeze(-1)
+        torch.log_softmax(logits / temperature, -1).gather(-1, response_ids[..., None]).squeeze(-1)
 
-    Example: logits [[[0., 0.]]] (two equally likely tokens), tokens [[1]] -> [[-0.6931]].
+    Example: logits [[[0., 0.]]] (two equally likely tokens), response_ids [[1]] -> [[-0.6931]].
     """
     check_tensor("logits", logits, ndim=3)
     check_float(logits=logits)
-    check_tensor("tokens", tokens, ndim=2)
-    if logits.shape[:2] != tokens.shape:
+    check_tensor("response_ids", response_ids, ndim=2)
+    if logits.shape[:2] != response_ids.shape:
         raise ValueError(
-            f"`logits` has shape {tuple(logits.shape)} but `tokens` has shape "
-            f"{tuple(tokens.shape)}; expected logits (B, T, V) and tokens (B, T)"
+            f"`logits` has shape {tuple(logits.shape)} but `response_ids` has shape "
+            f"{tuple(response_ids.shape)}; expected logits (B, T, V) and response_ids (B, T)"
         )
-    if tokens.is_floating_point():
-        raise ValueError(f"`tokens` must hold integer ids, got dtype {tokens.dtype}")
+    if response_ids.is_floating_point():
+        raise ValueError(f"`response_ids` must hold integer ids, got dtype {response_ids.dtype}")
     temperature = check_range("temperature", temperature, low=0.0, low_open=True)
 
     if logits.dtype in _FULL_PRECISION and temperature == 1.0:
         # log p(x) = logit_x - logsumexp(logits): one (B, T) gather, no (B, T, V) copy kept.
-        picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        picked = logits.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
         return picked - torch.logsumexp(logits, dim=-1)
     out = []
-    for row, row_tokens in zip(_rows(logits, temperature), tokens):
+    for row, row_tokens in zip(scaled_rows(logits, temperature), response_ids):
         picked = row.gather(-1, row_tokens.unsqueeze(-1)).squeeze(-1)  # (T,)
         out.append(picked - torch.logsumexp(row, dim=-1))
     return torch.stack(out)  # (B, T)
@@ -99,7 +99,7 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     check_float(logits=logits)
     temperature = check_range("temperature", temperature, low=0.0, low_open=True)
     out = []
-    for row in _rows(logits, temperature):
+    for row in scaled_rows(logits, temperature):
         probs = torch.softmax(row, dim=-1)  # (T, V)
         # where() keeps a -inf logit (a token masked out by top-k) from giving 0 * -inf = nan
         weighted = torch.where(probs > 0, probs * row, torch.zeros_like(row))

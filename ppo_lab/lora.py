@@ -40,7 +40,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .models import _quiet_transformers, disable_dropout, load_policy, resolve_model_path
+from .hf import quiet_transformers
+from .models import disable_dropout, load_policy, resolve_model_path
 
 ALL_LINEAR = "all-linear"  # peft's name for every linear layer except the output head
 
@@ -337,7 +338,7 @@ def _load_merged(name: str, trust_remote_code: bool, chain: tuple[str, ...]) -> 
         raise ValueError(f"the adapter {name!r} names itself, directly or through other adapters, as its base model: {list(chain)}")
     model = _load_merged(base, trust_remote_code, chain)
     try:
-        with _quiet_transformers(), _quiet_peft():
+        with quiet_transformers(), _quiet_peft():
             peft_model = PeftModel.from_pretrained(model, path)
     except (OSError, ValueError, RuntimeError, KeyError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -367,7 +368,7 @@ def save_lora(model: nn.Module, folder: str | Path, merged: bool) -> Path:
     peft_model = find_peft_model(model)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with _quiet_transformers(), _quiet_peft():
+    with quiet_transformers(), _quiet_peft():
         if merged:
             plain = copy.deepcopy(peft_model).merge_and_unload()
             plain.save_pretrained(folder)

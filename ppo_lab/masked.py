@@ -123,12 +123,12 @@ def masked_whiten(
 
 
 def response_mask(
-    response_tokens: torch.Tensor, eos_token_id: int | list[int] | None
+    response_ids: torch.Tensor, eos_token_id: int | list[int] | None
 ) -> torch.Tensor:
     """Mask of the real tokens of right-padded responses: up to and including the first EOS.
 
     Args:
-        response_tokens: (B, T) generated token ids, right-padded after the end of each response.
+        response_ids: (B, T) generated token ids, right-padded after the end of each response.
         eos_token_id: the stop token id, a list of stop ids, or None (no stop token: every
             position is real).
 
@@ -143,11 +143,11 @@ def response_mask(
 
     Example: tokens [[5, 7, 2, 2, 2]] with eos 2 -> [[1, 1, 1, 0, 0]].
     """
-    check_tensor("response_tokens", response_tokens, ndim=2)
+    check_tensor("response_ids", response_ids, ndim=2)
     if eos_token_id is None:
-        return torch.ones_like(response_tokens, dtype=torch.float32)
+        return torch.ones_like(response_ids, dtype=torch.float32)
     ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    is_eos = torch.isin(response_tokens, torch.tensor(ids, device=response_tokens.device))
+    is_eos = torch.isin(response_ids, torch.tensor(ids, device=response_ids.device))
     # eos_seen[t] counts stop tokens strictly before t: position t is real until one was seen.
     eos_seen = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()
     return (eos_seen == 0).float()

@@ -15,27 +15,13 @@ s_t, the state in which token t was chosen (as in TRL and OpenRLHF).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from pathlib import Path
 
 import torch
 from torch import nn
 
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """Silence transformers' loading progress bars and notices (they would flood notebooks)."""
-    from transformers.utils import logging
-
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
-        logging.enable_progress_bar()
+from .hf import quiet_transformers
 
 
 def resolve_model_path(name: str) -> str:
@@ -47,7 +33,7 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
-def _load(loader, name: str, role: str, new_weights: bool = False, **kwargs):
+def load_pretrained(loader, name: str, role: str, new_weights: bool = False, **kwargs):
     """`loader.from_pretrained(name)`, with errors that name the role and the model.
 
     A model whose checkpoint lacks some of its weights (a causal LM loaded as a sequence
@@ -60,7 +46,7 @@ def _load(loader, name: str, role: str, new_weights: bool = False, **kwargs):
         raise ValueError(f"could not load the {role} from {name!r}: no such folder")
     is_model = loader.__name__.startswith("AutoModel")
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             if not is_model:
                 return loader.from_pretrained(path, **kwargs)
             model, info = loader.from_pretrained(path, output_loading_info=True, **kwargs)
@@ -98,7 +84,7 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
     """
     from transformers import AutoTokenizer
 
-    tok = _load(AutoTokenizer, name, "tokenizer", trust_remote_code=trust_remote_code)
+    tok = load_pretrained(AutoTokenizer, name, "tokenizer", trust_remote_code=trust_remote_code)
     if tok.eos_token_id is None:
         raise ValueError(f"the tokenizer of {name!r} has no EOS token; PPO needs one to end responses (set tokenizer.eos_token)")
     if tok.pad_token_id is None:
@@ -129,7 +115,7 @@ def load_policy(name: str, trust_remote_code: bool = False) -> nn.Module:
     """
     from transformers import AutoModelForCausalLM
 
-    model = _load(AutoModelForCausalLM, name, "policy model", trust_remote_code=trust_remote_code, dtype=torch.float32)
+    model = load_pretrained(AutoModelForCausalLM, name, "policy model", trust_remote_code=trust_remote_code, dtype=torch.float32)
     return disable_dropout(model)
 
 
@@ -202,13 +188,34 @@ class PolicyWithValueHead(nn.Module):
         return out.logits, values
 
 
-class Critic(nn.Module):
-    """A transformer backbone with a scalar head: V(s) for every position."""
+def causal_mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """At each position t, the mean of the hidden states of the real tokens at positions <= t.
 
-    def __init__(self, backbone: nn.Module, head: nn.Linear):
+    Args:
+        hidden: (B, L, H) hidden states; attention_mask: (B, L) 1 on real tokens (left padding 0).
+
+    Returns:
+        (B, L, H); a position with no real token up to it (left padding) gets zeros.
+    """
+    m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
+    return (hidden * m).cumsum(dim=1) / m.cumsum(dim=1).clamp(min=1.0)
+
+
+class Critic(nn.Module):
+    """A transformer backbone with a scalar head: V(s) for every position.
+
+    `pooling="token"` reads the hidden state at position t (the usual critic); `"mean"` reads
+    the mean of the hidden states up to t (`causal_mean_pool`), a smoother summary of the
+    sequence so far (chapter 7 compares them).
+    """
+
+    def __init__(self, backbone: nn.Module, head: nn.Linear, pooling: str = "token"):
         super().__init__()
+        if pooling not in ("token", "mean"):
+            raise ValueError(f"unknown value pooling {pooling!r}; valid values are: 'token', 'mean'")
         self.backbone = backbone
         self.head = head
+        self.pooling = pooling
         import inspect
 
         # a decoder backbone would build a KV cache for the whole sequence, used by nothing
@@ -217,10 +224,12 @@ class Critic(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids):
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **self._no_cache).last_hidden_state
+        if self.pooling == "mean":
+            hidden = causal_mean_pool(hidden, attention_mask)
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)  # (B, L)
 
 
-def load_critic(name: str, trust_remote_code: bool = False) -> Critic:
+def load_critic(name: str, trust_remote_code: bool = False, pooling: str = "token") -> Critic:
     """A separate critic from a causal LM (new head) or a 1-label sequence classifier (its head),
     in float32 whatever the checkpoint's dtype (it trains; see `load_policy`).
 
@@ -229,12 +238,35 @@ def load_critic(name: str, trust_remote_code: bool = False) -> Critic:
     """
     from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
-    config = _load(AutoConfig, name, "critic config", trust_remote_code=trust_remote_code)
+    config = load_pretrained(AutoConfig, name, "critic config", trust_remote_code=trust_remote_code)
     archs = getattr(config, "architectures", None) or []
     if any(a.endswith("ForSequenceClassification") for a in archs) and config.num_labels == 1:
-        clf = _load(AutoModelForSequenceClassification, name, "critic model", trust_remote_code=trust_remote_code, dtype=torch.float32)
+        clf = load_pretrained(AutoModelForSequenceClassification, name, "critic model", trust_remote_code=trust_remote_code, dtype=torch.float32)
         head = getattr(clf, "score", None) or getattr(clf, "classifier", None)
         if isinstance(head, nn.Linear) and head.out_features == 1:
-            return Critic(disable_dropout(clf.base_model), head)
-    backbone = _load(AutoModel, name, "critic model", trust_remote_code=trust_remote_code, dtype=torch.float32)
-    return Critic(disable_dropout(backbone), new_value_head(_hidden_size(backbone.config)))
+            return Critic(disable_dropout(clf.base_model), head, pooling)
+    backbone = load_pretrained(AutoModel, name, "critic model", trust_remote_code=trust_remote_code, dtype=torch.float32)
+    return Critic(disable_dropout(backbone), new_value_head(_hidden_size(backbone.config)), pooling)
+
+
+def enable_checkpointing(model) -> None:
+    """Turn on activation (gradient) checkpointing in a transformers model, non-reentrant:
+    that variant works with frozen inputs (LoRA) and is inactive in no-grad generation."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def save_policy(lm, tokenizer, folder, lora: bool = False) -> None:
+    """`save_pretrained` of the policy and its tokenizer into `folder`; a LoRA policy is saved
+    merged (base + adapter), so that the folder loads without peft."""
+    with quiet_transformers():
+        if lora:
+            from .lora import save_lora
+
+            save_lora(lm, folder, merged=True)
+        else:
+            lm.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)

@@ -52,7 +52,7 @@ def reinforce_loss(
     logprobs: torch.Tensor,
     weights: torch.Tensor,
     mask: torch.Tensor,
-    agg: str = "seq-mean-token-sum",
+    loss_agg: str = "seq-mean-token-sum",
 ) -> torch.Tensor:
     """REINFORCE surrogate: a scalar whose gradient is the policy-gradient estimate, negated.
 
@@ -61,7 +61,7 @@ def reinforce_loss(
         weights: (B, T) the Psi_t multiplying each score function (return, reward-to-go, or
             advantage); treated as a constant (detached).
         mask: (B, T) 1 on real response tokens.
-        agg: loss aggregation mode. The default "seq-mean-token-sum" averages over sequences
+        loss_agg: loss aggregation mode. The default "seq-mean-token-sum" averages over sequences
             and sums over tokens, which makes the gradient exactly the Monte Carlo estimate
             -(1/B) sum_b sum_t grad log pi(a_t | s_t) * Psi_t of -grad J.
 
@@ -71,4 +71,4 @@ def reinforce_loss(
     check_same_shape(logprobs=logprobs, weights=weights, mask=mask)
     check_float(logprobs=logprobs, weights=weights)
     check_response_dim("logprobs", logprobs)
-    return aggregate_loss(-logprobs * weights.detach(), mask, agg)
+    return aggregate_loss(-logprobs * weights.detach(), mask, loss_agg)

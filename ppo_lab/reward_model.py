@@ -99,14 +99,15 @@ def train_reward_model(
     """
     from transformers import AutoModelForSequenceClassification
 
-    from .models import _load, _quiet_transformers, disable_dropout, load_tokenizer
+    from .hf import quiet_transformers
+    from .models import disable_dropout, load_pretrained, load_tokenizer
 
     if not pairs:
         raise ValueError("no preference pairs to train on")
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(base)
     tokenizer.padding_side = "right"
-    model = _load(AutoModelForSequenceClassification, base, "reward model base", new_weights=True, num_labels=1)
+    model = load_pretrained(AutoModelForSequenceClassification, base, "reward model base", new_weights=True, num_labels=1)
     model.config.pad_token_id = tokenizer.pad_token_id
     disable_dropout(model).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -122,7 +123,7 @@ def train_reward_model(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     model.eval()
-    with _quiet_transformers():
+    with quiet_transformers():
         model.save_pretrained(output_dir)
         tokenizer.save_pretrained(output_dir)
     return {"reward_model/loss": loss.item(), **{k: v.item() for k, v in metrics.items()}}

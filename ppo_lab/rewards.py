@@ -49,13 +49,13 @@ class SequenceClassifierReward:
     def __init__(self, name: str, label_index: int = -1, device: str | torch.device = "cpu", batch_size: int = 64, trust_remote_code: bool = False):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from .models import _load, disable_dropout
+        from .models import disable_dropout, load_pretrained
 
-        self.tokenizer = _load(AutoTokenizer, name, "reward tokenizer", trust_remote_code=trust_remote_code)
+        self.tokenizer = load_pretrained(AutoTokenizer, name, "reward tokenizer", trust_remote_code=trust_remote_code)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "right"
-        self.model = _load(AutoModelForSequenceClassification, name, "reward model", trust_remote_code=trust_remote_code)
+        self.model = load_pretrained(AutoModelForSequenceClassification, name, "reward model", trust_remote_code=trust_remote_code)
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         disable_dropout(self.model).eval().requires_grad_(False).to(device)
         self.label_index, self.device, self.batch_size = label_index, device, batch_size

@@ -15,7 +15,7 @@ into everything the update needs:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -34,14 +34,13 @@ class Rollout:
     query_mask: torch.Tensor  # (B, P) 1 on real prompt tokens
     response_ids: torch.Tensor  # (B, R) sampled tokens, pad after the stop token
     mask: torch.Tensor  # (B, R) 1 on real response tokens, stop token included
-    logprobs: torch.Tensor  # log pi_old of the response tokens
+    old_logprobs: torch.Tensor  # log pi_old of the response tokens (the policy that sampled them)
     ref_logprobs: torch.Tensor  # log pi_ref of the same tokens
     values: torch.Tensor | None  # V(s_t) from the critic (None without one)
     entropy: torch.Tensor  # per-token entropy of pi_old
     scores: torch.Tensor  # (B,) raw scores from the reward
     has_eos: torch.Tensor  # (B,) whether the response stopped by itself
     group_ids: torch.Tensor  # (B,) index of the prompt each response answers
-    extra: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -153,27 +152,50 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
     return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=z.shape[-1] - 1)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How responses are sampled: `PPOConfig`'s generation fields as one object.
+
+    `temperature`, `top_k` and `top_p` are those of `sample_tokens` (top_k = 0 and top_p = 1
+    switch them off); a response ends after its first token in `stop_ids` (empty: exactly
+    `max_new_tokens` tokens are sampled, as benchmarks do).
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
+        if self.max_new_tokens < 1:
+            raise ValueError(f"Sampling.max_new_tokens = {self.max_new_tokens!r} must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"Sampling.temperature = {self.temperature!r} must be > 0")
+
+
 @dataclass
 class Sample:
-    """What the sampling loop returns (all (B, R) unless noted)."""
+    """What `generate` returns (all (B, R) unless noted)."""
 
-    query_ids: torch.Tensor  # (B, P)
+    query_ids: torch.Tensor  # (B, P) left-padded prompt tokens
     query_mask: torch.Tensor  # (B, P)
-    response_ids: torch.Tensor
-    mask: torch.Tensor
-    logprobs: torch.Tensor | None = None  # log pi(token) at the temperature, from the sampling logits
+    response_ids: torch.Tensor  # pad after the stop token
+    mask: torch.Tensor  # 1 on real response tokens, stop token included
+    old_logprobs: torch.Tensor | None = None  # log pi(token) at the temperature, from the sampling logits
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None  # from `value_head` on the hidden state that chose each token
 
 
 @torch.no_grad()
-def sample(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int, top_p: float, stop_ids: list[int], device, *, uniforms: torch.Tensor | None = None, with_logprobs: bool = False, value_head=None) -> Sample:
+def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device=None, uniforms: torch.Tensor | None = None, with_logprobs: bool = False, value_head=None) -> Sample:
     """Sample one response per prompt with the KV cache.
 
     A plain sampling loop rather than `model.generate`: one forward per new token on the cached
     keys and values, tokens drawn with `sample_tokens`. It stops when every row has produced a
-    stop token (`stop_ids`; an empty list samples exactly `max_new_tokens` tokens, as benchmarks
-    do). `uniforms` (B, max_new_tokens) fixes the random draws (default: from torch's generator).
+    stop token. `uniforms` (B, max_new_tokens) fixes the random draws (default: from torch's
+    generator); `device` defaults to the model's.
 
     With `with_logprobs`, the log-prob and entropy of every sampled token are taken from the very
     logits it was sampled from (at the temperature, before top-k / top-p), which saves the
@@ -182,15 +204,18 @@ def sample(model, tokenizer, prompts: list[str], max_new_tokens: int, temperatur
     to round-off (tested); in bf16 the cached and the full forward differ more, which is why
     the trainer recomputes them there (`PPOConfig.old_logprobs`).
     """
+    if not isinstance(sampling, Sampling):
+        raise TypeError(f"`sampling` must be a ppo_lab.Sampling(max_new_tokens=..., ...), got {type(sampling).__name__}")
+    device = device if device is not None else next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
     query_ids, query_mask = enc["input_ids"], enc["attention_mask"]
     batch = query_ids.shape[0]
     if uniforms is None:
-        uniforms = torch.rand(batch, max_new_tokens)
-    if tuple(uniforms.shape) != (batch, max_new_tokens):
-        raise ValueError(f"`uniforms` has shape {tuple(uniforms.shape)}; expected ({batch}, {max_new_tokens})")
+        uniforms = torch.rand(batch, sampling.max_new_tokens)
+    if tuple(uniforms.shape) != (batch, sampling.max_new_tokens):
+        raise ValueError(f"`uniforms` has shape {tuple(uniforms.shape)}; expected ({batch}, {sampling.max_new_tokens})")
     uniforms = uniforms.to(device)
-    stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    stops = torch.tensor(sampling.stop_ids, dtype=torch.long, device=device)
     positions = (query_mask.cumsum(dim=1) - 1).clamp(min=0)
     attention = query_mask
     hidden = value_head is not None
@@ -199,12 +224,12 @@ def sample(model, tokenizer, prompts: list[str], max_new_tokens: int, temperatur
     last = positions[:, -1:]
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens, logprobs, entropy, values = [], [], [], []
-    for t in range(max_new_tokens):
+    for t in range(sampling.max_new_tokens):
         logits = out.logits[:, -1, :]
-        token = sample_tokens(logits, uniforms[:, t], temperature, top_k, top_p)
+        token = sample_tokens(logits, uniforms[:, t], sampling.temperature, sampling.top_k, sampling.top_p)
         tokens.append(token)
         if with_logprobs:
-            z = logits.float() / temperature
+            z = logits.float() / sampling.temperature
             norm = torch.logsumexp(z, dim=-1)
             logprobs.append(z.gather(-1, token[:, None]).squeeze(-1) - norm)
             entropy.append(norm - (torch.softmax(z, dim=-1) * z).sum(-1))
@@ -221,31 +246,25 @@ def sample(model, tokenizer, prompts: list[str], max_new_tokens: int, temperatur
                 f"the model's logits are nan or inf at generated token {t}: its weights are broken or its activations "
                 "overflowed (fp16), so there is nothing to sample from"
             )
-        if t == max_new_tokens - 1 or all_done:
+        if t == sampling.max_new_tokens - 1 or all_done:
             break
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         last = last + 1
         out = model(input_ids=token[:, None], attention_mask=attention, position_ids=last, past_key_values=out.past_key_values, use_cache=True, output_hidden_states=hidden)
     response_ids = torch.stack(tokens, dim=1)
-    mask = response_mask(response_ids, list(stop_ids) or None)
+    mask = response_mask(response_ids, list(sampling.stop_ids) or None)
     # Anything after the stop token is replaced by pad, and its statistics by 0.
     response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
     stacked = [torch.stack(x, dim=1) * mask if x else None for x in (logprobs, entropy, values)]
     return Sample(query_ids, query_mask, response_ids, mask, *stacked)
 
 
-def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int, top_p: float, stop_ids: list[int], device, *, uniforms: torch.Tensor | None = None):
-    """Sample one response per prompt; returns (query_ids, query_mask, response_ids, mask). See `sample`."""
-    s = sample(model, tokenizer, prompts, max_new_tokens, temperature, top_k, top_p, stop_ids, device, uniforms=uniforms)
-    return s.query_ids, s.query_mask, s.response_ids, s.mask
-
-
 @torch.no_grad()
-def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids, mask, temperature, *, logprobs=None, entropy=None, values=None, batch_size=None):
-    """Old log-probs, reference log-probs, values and entropy of the sampled tokens.
+def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids, mask, temperature, *, old_logprobs=None, entropy=None, values=None, batch_size=None):
+    """(old_logprobs, ref_logprobs, values, entropy) of the sampled tokens, each (B, R); values None without a critic.
 
     `critic` is None when the policy carries the value head (its forward returns values too).
-    Whatever the sampling loop already computed (`logprobs` with `entropy`, `values`) is used
+    Whatever the sampling loop already computed (`old_logprobs` with `entropy`, `values`) is used
     as given, and a forward that would only recompute it is skipped. `batch_size` (default: all
     rows at once) scores that many rows per forward, which bounds the (rows, R, vocabulary)
     logits held at once; each row's results do not depend on it beyond float round-off.
@@ -256,16 +275,16 @@ def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids,
             score_tokens(
                 policy, reference, critic, query_ids[i : i + batch_size], query_mask[i : i + batch_size],
                 response_ids[i : i + batch_size], mask[i : i + batch_size], temperature,
-                **{k: v[i : i + batch_size] if v is not None else None for k, v in (("logprobs", logprobs), ("entropy", entropy), ("values", values))},
+                **{k: v[i : i + batch_size] if v is not None else None for k, v in (("old_logprobs", old_logprobs), ("entropy", entropy), ("values", values))},
             )
             for i in range(0, n, batch_size)
         ]
         return tuple(torch.cat(list(column)) if column[0] is not None else None for column in zip(*parts))
     need_values = critic is None and values is None and _unwrap(policy, "v_head") is not None
-    if logprobs is None or need_values:
+    if old_logprobs is None or need_values:
         logits, head_values = response_logits(policy, query_ids, query_mask, response_ids, mask)
-        if logprobs is None:
-            logprobs = logprobs_from_logits(logits, response_ids, temperature)
+        if old_logprobs is None:
+            old_logprobs = logprobs_from_logits(logits, response_ids, temperature)
             entropy = entropy_from_logits(logits, temperature)
         if need_values:
             values = head_values
@@ -275,4 +294,4 @@ def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids,
     del ref_logits
     if critic is not None and values is None:
         values = critic_values(critic, query_ids, query_mask, response_ids, mask)
-    return logprobs, ref_logprobs, (values.float() if values is not None else None), entropy
+    return old_logprobs, ref_logprobs, (values.float() if values is not None else None), entropy

@@ -55,7 +55,7 @@ def shape_rewards(
     ref_logprobs: torch.Tensor,
     mask: torch.Tensor,
     kl_coef: float,
-    kind: str = "k1",
+    kl_estimator: str = "k1",
     score_clip: float | None = None,
 ) -> torch.Tensor:
     """Per-token rewards: -kl_coef * KL at every real token, plus the score at the last one.
@@ -66,7 +66,7 @@ def shape_rewards(
         ref_logprobs: (B, T) log-probs of the same tokens under the reference policy.
         mask: (B, T) 1 on real response tokens (EOS included), 0 on padding.
         kl_coef: beta >= 0.
-        kind: KL estimator, "k1" (the usual choice in the reward), "k2", "k3" or "abs".
+        kl_estimator: KL estimator, "k1" (the usual choice in the reward), "k2", "k3" or "abs".
         score_clip: if given, scores are clipped to [-score_clip, score_clip] first.
 
     Returns:
@@ -93,7 +93,7 @@ def shape_rewards(
         c = check_range("score_clip", score_clip, low=0.0, low_open=True)
         scores = scores.clamp(-c, c)
     last = last_real_index(m)  # (B,)
-    kl = kl_penalty(logprobs, ref_logprobs, kind)
+    kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
     rewards = torch.where(m.bool(), -kl_coef * kl, torch.zeros_like(kl))
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     rewards[rows, last] += scores.to(rewards.dtype)

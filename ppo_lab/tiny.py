@@ -172,7 +172,7 @@ def build(folder: Path = SHIPPED, spec: TinySpec = TinySpec(), verbose: bool = T
     written under a temporary name and swapped in when complete, so an interrupted build never
     leaves a half-written model behind (nor destroys the previous one).
     """
-    from .models import _quiet_transformers
+    from .hf import quiet_transformers
 
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -180,13 +180,13 @@ def build(folder: Path = SHIPPED, spec: TinySpec = TinySpec(), verbose: bool = T
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with torch.random.fork_rng(devices=[]), _quiet_transformers():
+        with torch.random.fork_rng(devices=[]), quiet_transformers():
             model, tokenizer = pretrain(spec, verbose=verbose)
             loss = held_out_loss(model, tokenizer)
     finally:
         torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=folder.parent))
-    with _quiet_transformers():
+    with quiet_transformers():
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     info = {"spec": asdict(spec), "held_out_loss": round(loss, 4), "torch": torch.__version__}

@@ -2,7 +2,7 @@
 
 Chapter 4 (Value functions and GAE) introduces the loss; chapter 6 (Clipping) the clipping. The
 critic regresses V(s_t) onto the returns from `compute_gae`. PPO implementations clip the new
-value to stay within `clip_range` of the value predicted at rollout time, and take the larger
+value to stay within `value_clip` of the value predicted at rollout time, and take the larger
 of the clipped and unclipped squared errors (a pessimistic bound, like the policy's), as in
 OpenAI baselines, TRL, DeepSpeed-Chat and verl.
 """
@@ -51,8 +51,8 @@ def clipped_value_loss(
     old_values: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
-    clip_range: float | None,
-    agg: str = "token-mean",
+    value_clip: float | None,
+    loss_agg: str = "token-mean",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Squared-error critic loss with PPO's value clipping.
 
@@ -61,8 +61,8 @@ def clipped_value_loss(
         old_values: (B, T) predictions at rollout time.
         returns: (B, T) targets (lambda-returns from `compute_gae`).
         mask: (B, T) 1 on real response tokens.
-        clip_range: c >= 0; None disables clipping.
-        agg: loss aggregation mode (see `aggregate_loss`).
+        value_clip: c >= 0; None disables clipping.
+        loss_agg: loss aggregation mode (see `aggregate_loss`).
 
     Returns:
         loss: 0-dim, aggregate of 0.5 * max((V - R)^2, (V_clip - R)^2) with
@@ -76,16 +76,16 @@ def clipped_value_loss(
     m = check_mask(mask, values, "values")
     returns = returns.detach()
     unclipped = (values - returns) ** 2
-    if clip_range is None:
+    if value_clip is None:
         per_token = unclipped
         clipped_more = torch.zeros_like(unclipped)
     else:
-        c = check_range("clip_range", clip_range, low=0.0)
+        c = check_range("value_clip", value_clip, low=0.0)
         values_clipped = old_values + torch.clamp(values - old_values, -c, c)
         clipped = (values_clipped - returns) ** 2
         per_token = torch.maximum(unclipped, clipped)
         clipped_more = (clipped > unclipped).to(values.dtype)
-    loss = 0.5 * aggregate_loss(per_token, m, agg)
+    loss = 0.5 * aggregate_loss(per_token, m, loss_agg)
     with torch.no_grad():
         metrics = {
             "value/clipfrac": masked_mean(clipped_more, m),

@@ -93,17 +93,17 @@ def test_the_cases_cover_every_valid_pair():
 
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_a_combination_trains_evaluates_saves_and_resumes(tiny_path, tmp_path, monkeypatch, case):
-    monkeypatch.setattr("ppo_lab.trainer.COMPILE_BACKEND", "eager")  # see test_scale.py
+    monkeypatch.setattr("ppo_lab.build.COMPILE_BACKEND", "eager")  # see test_scale.py
     cfg = small_config(tmp_path, **BASE, **case)
     trainer = PPOTrainer(cfg)
-    trainable = {n: p.detach().clone() for n, p in trainer._bare(trainer.policy).named_parameters() if p.requires_grad}
+    trainable = {n: p.detach().clone() for n, p in trainer.bare(trainer.policy).named_parameters() if p.requires_grad}
     history = trainer.train()
     assert len(history) == 2 and all(m["train/skipped_updates"] == 0.0 for m in history)
     assert all(m["policy/steps"] >= 1 for m in history)
     for m in history:
         bad = [k for k, v in stable(m).items() if isinstance(v, float) and v != v]
         assert not bad, bad
-    now = dict(trainer._bare(trainer.policy).named_parameters())
+    now = dict(trainer.bare(trainer.policy).named_parameters())
     assert [n for n, p in trainable.items() if torch.equal(now[n], p)] == []
     # on-policy at the start: the reference is the initial policy. Log-probs from the sampling
     # loop's cached bf16 forward differ from a full forward by ~1e-2 nats (why "auto" avoids them).
@@ -115,5 +115,5 @@ def test_a_combination_trains_evaluates_saves_and_resumes(tiny_path, tmp_path, m
     assert trainer.evaluate(2)
     resumed = PPOTrainer(dataclasses.replace(cfg, resume_from="latest"))
     assert resumed.iteration == 2 and resumed.kl_ctl.value == trainer.kl_ctl.value
-    for (name, a), b in zip(trainer._bare(trainer.policy).state_dict().items(), resumed._bare(resumed.policy).state_dict().values()):
+    for (name, a), b in zip(trainer.bare(trainer.policy).state_dict().items(), resumed.bare(resumed.policy).state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)

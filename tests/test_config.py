@@ -44,7 +44,7 @@ def test_defaults_are_valid_and_documented():
         (dict(kl_coef=float("nan")), r"PPOConfig.kl_coef = nan must be a finite number"),
         (dict(forward_batch_size=0), r"PPOConfig.forward_batch_size = 0 must be an integer >= 1 \(or None\)"),
         # peft refuses it only after minutes of loading
-        (dict(lora_dropout=1.0), r"PPOConfig.lora_dropout = 1.0 must be in \[0, 1\)"),
+        (dict(lora_dropout=1.0), r"PPOConfig.lora_dropout = 1.0 must be a finite number in \[0, 1\)"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs, match):

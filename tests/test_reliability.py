@@ -66,7 +66,7 @@ def test_an_occupied_output_dir_is_refused_before_any_model_is_loaded(tiny_path,
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded before the output_dir was checked")
 
-    monkeypatch.setattr("ppo_lab.models._load", no_loading)
+    monkeypatch.setattr("ppo_lab.models.load_pretrained", no_loading)
     with pytest.raises(ValueError, match=r"already holds a run \(metrics.jsonl\)"):
         PPOTrainer(small_config(tmp_path, total_iterations=1))
 
@@ -134,14 +134,14 @@ def test_sampling_from_nan_logits_is_an_error(tiny_path, tmp_path):
 
 def test_masked_vocabulary_logits_are_not_an_error():
     # -inf logits are how models forbid tokens; only nan, +inf or a row with nothing finite is refused
-    from ppo_lab.rollout import sample
+    from ppo_lab.rollout import Sampling, generate
     from ppo_lab.models import load_policy, load_tokenizer
     from ppo_lab.tiny import tiny_model_path
 
     model, tok = load_policy(str(tiny_model_path())).eval(), load_tokenizer(str(tiny_model_path()))
     forbidden = 7
     model.lm_head.register_forward_hook(lambda m, a, out: out.index_fill(-1, torch.tensor([forbidden]), float("-inf")))
-    drawn = sample(model, tok, ["the pizza was"] * 4, 6, 1.0, 0, 1.0, [tok.eos_token_id], "cpu")
+    drawn = generate(model, tok, ["the pizza was"] * 4, Sampling(max_new_tokens=6, stop_ids=[tok.eos_token_id]))
     assert not (drawn.response_ids == forbidden).any()
 
 

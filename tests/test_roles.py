@@ -65,7 +65,7 @@ def test_pad_equal_eos_keeps_the_eos_in_the_mask(tiny_path, tmp_path):
             assert n == ids.shape[0]
     rewards, _, _ = trainer.advantages(ro)
     last = (ro.mask * torch.arange(ro.mask.shape[1])).argmax(1)
-    score_part = rewards[torch.arange(len(ro)), last] + trainer.kl_ctl.value * (ro.logprobs - ro.ref_logprobs)[torch.arange(len(ro)), last]
+    score_part = rewards[torch.arange(len(ro)), last] + trainer.kl_ctl.value * (ro.old_logprobs - ro.ref_logprobs)[torch.arange(len(ro)), last]
     torch.testing.assert_close(score_part, ro.scores, atol=1e-5, rtol=0)
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import overflow_first_backward, small_config, stable
-from ppo_lab.trainer import PPOTrainer, check_distributed_backend
+from ppo_lab.distributed import check_distributed_backend
+from ppo_lab.trainer import PPOTrainer
 
 
 def _end_to_end(config, **kwargs):
@@ -85,11 +86,11 @@ def test_bf16_autocast_keeps_fp32_master_weights_and_fp32_loss_math(tiny_path, t
     hook = head.register_forward_hook(lambda m, a, out: seen.update(logits=out.dtype) if torch.is_grad_enabled() else None)
     ro = trainer.rollout(trainer.next_prompts())
     _, adv, ret = trainer.advantages(ro)
-    loss, _ = trainer._loss(ro, torch.arange(4), adv, ret)
+    loss, _ = trainer.minibatch_loss(ro, torch.arange(4), adv, ret)
     hook.remove()
     assert seen["logits"] == torch.bfloat16  # the forward ran under bf16 autocast
     assert loss.dtype == torch.float32  # the PPO math did not
-    assert ro.logprobs.dtype == torch.float32 and ro.values.dtype == torch.float32
+    assert ro.old_logprobs.dtype == torch.float32 and ro.values.dtype == torch.float32
     metrics = trainer.update(ro, adv, ret)
     assert all(p.dtype == torch.float32 for p in trainer.optimizer.param_groups[0]["params"])
     assert all(v == v for v in metrics.values())
@@ -99,7 +100,7 @@ def test_bf16_autocast_keeps_fp32_master_weights_and_fp32_loss_math(tiny_path, t
 def test_torch_compile_runs_end_to_end_and_matches_eager_mode(tiny_path, tmp_path, monkeypatch, critic):
     # The "eager" backend traces the same graphs as inductor without generating code, so the
     # wiring is tested in seconds (inductor's agreement with eager mode is in the README).
-    monkeypatch.setattr("ppo_lab.trainer.COMPILE_BACKEND", "eager")
+    monkeypatch.setattr("ppo_lab.build.COMPILE_BACKEND", "eager")
     cfg = small_config(tmp_path / "compiled", total_iterations=2, critic=critic, torch_compile=True, eval_interval=1, save_interval=1)
     trainer, compiled = _end_to_end(cfg)
     assert type(trainer.policy).__name__ == "OptimizedModule"
@@ -126,7 +127,7 @@ def test_lora_policy_trains_the_adapter_and_its_reference_is_the_adapter_off(tin
     assert all("lora_" in n for n, p in trainer.lm.named_parameters() if id(p) in trained)
     trainer.train()
 
-    ro = trainer._last_rollout
+    ro = trainer.rollout(trainer.next_prompts())  # sampled by the trained policy
     base = load_policy(str(tiny_path)).eval()
     with torch.no_grad():
         ref, _ = response_logits(trainer.reference, ro.query_ids, ro.query_mask, ro.response_ids, ro.mask)
@@ -188,8 +189,8 @@ def test_under_bf16_every_role_runs_in_one_precision_so_the_first_kl_is_zero(tin
     # reference was not 0 before any update.
     trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, precision="bf16", critic=critic))
     ro = trainer.rollout(trainer.next_prompts())
-    assert ro.logprobs.dtype == torch.float32
-    torch.testing.assert_close(ro.logprobs, ro.ref_logprobs, rtol=0, atol=0)
+    assert ro.old_logprobs.dtype == torch.float32
+    torch.testing.assert_close(ro.old_logprobs, ro.ref_logprobs, rtol=0, atol=0)
     metrics = trainer.step()
     assert metrics["objective/kl"] == 0.0
 
@@ -254,7 +255,7 @@ def test_scoring_in_chunks_gives_the_same_rollout(tiny_path, tmp_path, critic):
     for size in (None, 3):
         trainer = PPOTrainer(small_config(tmp_path / str(size), critic=critic, old_logprobs="forward", forward_batch_size=size))
         rollouts[size] = trainer.rollout(trainer.next_prompts())
-    for name in ("logprobs", "ref_logprobs", "values", "entropy"):
+    for name in ("old_logprobs", "ref_logprobs", "values", "entropy"):
         torch.testing.assert_close(getattr(rollouts[3], name), getattr(rollouts[None], name), rtol=1e-5, atol=1e-5, msg=name)
 
 

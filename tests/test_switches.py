@@ -53,8 +53,8 @@ def test_whitening_normalises_the_advantages_the_update_uses(tiny_path, tmp_path
     else:
         torch.testing.assert_close(advantages, raw, rtol=0, atol=0)
     seen = {}
-    loss = trainer._loss
-    trainer._loss = lambda ro_, idx, adv, ret: seen.setdefault("advantages", adv) is not None and loss(ro_, idx, adv, ret)
+    loss = trainer.minibatch_loss
+    trainer.minibatch_loss = lambda ro_, idx, adv, ret: seen.setdefault("advantages", adv) is not None and loss(ro_, idx, adv, ret)
     trainer.update(ro, advantages, returns)
     assert seen["advantages"] is advantages  # the update trains on exactly these
 
@@ -67,7 +67,7 @@ def test_lora_dropout_is_switched_off_so_the_first_step_is_on_policy(tiny_path, 
     ro = trainer.rollout(trainer.next_prompts())
     _, advantages, returns = trainer.advantages(ro)
     trainer._modes(training=True)
-    _, metrics = trainer._loss(ro, torch.arange(8), advantages, returns)
+    _, metrics = trainer.minibatch_loss(ro, torch.arange(8), advantages, returns)
     # old log-probs from the sampling loop: equal up to fp32 round-off (dropout 0.3 gives ~1e-2)
     assert metrics["policy/approx_kl"].item() < 1e-9 and abs(metrics["policy/ratio_max"].item() - 1.0) < 1e-5
 

@@ -49,7 +49,7 @@ def test_the_first_update_step_is_on_policy(tiny_path, tmp_path):
     ro = trainer.rollout(trainer.next_prompts())
     _, advantages, returns = trainer.advantages(ro)
     with torch.no_grad():
-        _, metrics = trainer._loss(ro, torch.arange(8), advantages, returns)
+        _, metrics = trainer.minibatch_loss(ro, torch.arange(8), advantages, returns)
     assert metrics["policy/approx_kl"].item() == 0.0
     assert metrics["policy/clipfrac"].item() == 0.0
     assert metrics["policy/ratio_min"].item() == metrics["policy/ratio_max"].item() == 1.0
@@ -69,14 +69,14 @@ def test_log_probs_and_values_from_the_sampling_loop_match_a_forward(tiny_path, 
         trainer.policy, trainer.reference, trainer.critic, ro.query_ids, ro.query_mask, ro.response_ids, ro.mask, 1.0
     )
     real = ro.mask.bool()
-    torch.testing.assert_close(ro.logprobs[real], lp[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ro.old_logprobs[real], lp[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(ro.entropy[real], entropy[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(ro.values[real], values[real], atol=1e-5, rtol=1e-5)
     if critic == "shared":
         assert values[real].abs().max() > 1e-2
     _, advantages, returns = trainer.advantages(ro)
     with torch.no_grad():
-        _, metrics = trainer._loss(ro, torch.arange(8), advantages, returns)
+        _, metrics = trainer.minibatch_loss(ro, torch.arange(8), advantages, returns)
     assert metrics["policy/clipfrac"].item() == 0.0
     assert abs(metrics["policy/ratio_min"].item() - 1) < 1e-5 and abs(metrics["policy/ratio_max"].item() - 1) < 1e-5
 

@@ -8,25 +8,25 @@ from ppo_lab import clipped_value_loss, explained_variance
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("clip_range", [None, 0.0, 0.2, 10.0])
+@pytest.mark.parametrize("value_clip", [None, 0.0, 0.2, 10.0])
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
-def test_value_loss_matches_reference(seed, dtype, clip_range, agg):
+def test_value_loss_matches_reference(seed, dtype, value_clip, agg):
     g = torch.Generator().manual_seed(seed)
     shape = (4, 6)
     values = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
     old = (values.double() + torch.randn(shape, generator=g, dtype=torch.float64) * 0.3).to(dtype)
     returns = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
     mask = random_mask(*shape, g)
-    loss, metrics = clipped_value_loss(values, old, returns, mask, clip_range, agg)
+    loss, metrics = clipped_value_loss(values, old, returns, mask, value_clip, agg)
     per_token, clipped_more = [], []
     for v_row, o_row, r_row in zip(ref.rows(values), ref.rows(old), ref.rows(returns)):
         pt, cm = [], []
         for v, o, r in zip(v_row, o_row, r_row):
-            if clip_range is None:
+            if value_clip is None:
                 pt.append((v - r) ** 2)
                 cm.append(0.0)
             else:
-                vc = o + min(max(v - o, -clip_range), clip_range)
+                vc = o + min(max(v - o, -value_clip), value_clip)
                 pt.append(max((v - r) ** 2, (vc - r) ** 2))
                 cm.append(1.0 if (vc - r) ** 2 > (v - r) ** 2 else 0.0)
         per_token.append(pt)
@@ -35,7 +35,7 @@ def test_value_loss_matches_reference(seed, dtype, clip_range, agg):
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     assert loss.item() == pytest.approx(0.5 * ref.aggregate(per_token, m, agg), rel=tol, abs=tol)
     assert metrics["value/clipfrac"].item() == pytest.approx(ref.aggregate(clipped_more, m, "token-mean"), abs=1e-7)
-    if clip_range == 10.0:  # nothing is far enough to be clipped
+    if value_clip == 10.0:  # nothing is far enough to be clipped
         assert metrics["value/clipfrac"].item() == 0.0
 
 
@@ -43,7 +43,7 @@ def test_value_clipping_cuts_the_gradient_only_where_the_clipped_error_is_larger
     old = torch.tensor([[0.0, 0.0, 0.0, 0.0]])
     returns = torch.tensor([[1.0, 1.0, -1.0, 0.05]])
     values = torch.tensor([[0.5, -0.5, 0.5, 0.1]], requires_grad=True)
-    loss, m = clipped_value_loss(values, old, returns, torch.ones(1, 4), clip_range=0.2)
+    loss, m = clipped_value_loss(values, old, returns, torch.ones(1, 4), value_clip=0.2)
     loss.backward()
     grad = values.grad[0]
     # token 0: moved 0.5 toward the target; clipped error (0.8^2) is larger -> no gradient

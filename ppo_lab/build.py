@@ -1,0 +1,230 @@
+"""Everything a run is made of, built from a `PPOConfig` (chapter 7): the accelerator, the prompts and the
+reward, the four models (policy, reference, critic, reward), the optimizer and its schedule,
+and the KL controllers. `PPOTrainer.__init__` is these calls in order.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from .checkpoint import from_json, to_json
+from .config import PPOConfig
+from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLController
+from .models import PolicyWithValueHead, context_length, disable_dropout, enable_checkpointing, load_critic, load_tokenizer, make_reference, to_float32
+from .rollout import Sampling
+
+# torch.compile's backend for `PPOConfig.torch_compile` (the tests switch to "eager", which traces
+# the same graphs in seconds instead of minutes on a CPU).
+COMPILE_BACKEND = "inductor"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (model initialisation uses them)."""
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# Fixed stream numbers (not hash(), which changes between processes) for `draws`.
+STREAMS = {"sample": 1, "shuffle": 2, "eval": 3}
+
+
+def draws(seed: int, iteration: int | None, stream: str) -> torch.Generator:
+    """A CPU generator for one purpose ("sample", "shuffle", "eval") of one iteration, the same
+    on every process and in a resumed run. (Evaluation passes iteration None: the same draws
+    at every evaluation.)"""
+    if iteration is None:
+        return torch.Generator().manual_seed(seed * 8 + STREAMS[stream])
+    return torch.Generator().manual_seed((seed * 1_000_003 + iteration) * 8 + STREAMS[stream])
+
+
+def make_accelerator(cfg: PPOConfig):
+    """An `accelerate.Accelerator` for the config's precision, trackers and compilation."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    if cfg.precision == "fp16" and not torch.cuda.is_available():
+        raise ValueError("PPOConfig.precision = 'fp16' needs a CUDA GPU; use 'fp32' or 'bf16' on the CPU")
+    # accelerate keeps one global state per process; a second trainer in the same notebook
+    # with another precision would be refused. The process group (PartialState) is kept.
+    AcceleratorState._reset_state(reset_partial_state=False)
+    return Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision="no" if cfg.precision == "fp32" else cfg.precision,
+        log_with=[t.strip() for t in cfg.report_to.split(",")] if cfg.report_to else None,
+        project_dir=cfg.output_dir,
+        dynamo_backend=COMPILE_BACKEND if cfg.torch_compile else "no",
+    )
+
+
+@dataclass
+class Task:
+    """The prompts and the reward of a run."""
+
+    train_prompts: list[str]
+    eval_prompts: list[str]
+    reward_fn: object  # (prompts, responses) -> scores
+    reward_name: str  # for error messages: module.function, or the class
+
+
+def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, reward_fn=None) -> Task:
+    """What is passed in, else the config's built-in task and reward."""
+    from .rewards import load_reward
+
+    task = None
+    if train_prompts is None or (reward_fn is None and cfg.reward is None):
+        from .tasks import get_task
+
+        task = get_task(cfg.task)
+    train = list(train_prompts if train_prompts is not None else task.train_prompts)
+    evaluation = list(eval_prompts if eval_prompts is not None else (task.eval_prompts if task else train))
+    if not train:
+        raise ValueError("the prompt set is empty: give at least one training prompt")
+    if not all(isinstance(p, str) and p for p in train):
+        raise ValueError("every prompt must be a non-empty string")
+    reward_fn = reward_fn or load_reward(cfg.reward, task, cfg.reward_label_index, device, cfg.trust_remote_code)
+    name = getattr(reward_fn, "__qualname__", type(reward_fn).__name__)
+    module = getattr(reward_fn, "__module__", None)
+    shown = f"{module}.{name}" if module and module not in ("__main__", "builtins") and not module.startswith("ppo_lab") else name
+    return Task(train, evaluation, reward_fn, shown)
+
+
+class PromptStream:
+    """`per_iteration` prompts at a time, in an order reshuffled at every pass over the set."""
+
+    def __init__(self, prompts: list[str], per_iteration: int, seed: int):
+        self.prompts, self.per_iteration = prompts, per_iteration
+        self.order: list[int] = []
+        self.rng = random.Random(seed)
+
+    def next(self) -> list[str]:
+        out = []
+        while len(out) < self.per_iteration:
+            if not self.order:
+                self.order = list(range(len(self.prompts)))
+                self.rng.shuffle(self.order)
+            out.append(self.prompts[self.order.pop()])
+        return out
+
+    def state_dict(self) -> dict:
+        return {"order": list(self.order), "rng": to_json(self.rng.getstate())}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order = list(state["order"])
+        self.rng.setstate(from_json(state["rng"]))
+
+
+@dataclass
+class Roles:
+    """The models of a run (before `accelerator.prepare`)."""
+
+    tokenizer: object
+    policy: torch.nn.Module  # the LM, or a PolicyWithValueHead around it (critic = "shared")
+    reference: torch.nn.Module
+    critic: torch.nn.Module | None  # a separate critic
+    sampling: Sampling
+
+
+def build_roles(cfg: PPOConfig, task: Task, device, policy=None, tokenizer=None) -> Roles:
+    """Tokenizer, policy, reference and critic; dropout off everywhere, so that the first update
+    step is exactly on-policy (ratio 1)."""
+    tokenizer = tokenizer or load_tokenizer(cfg.tokenizer or cfg.policy_model, cfg.trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if policy is None:
+        from .lora import load_maybe_adapter
+
+        # an SFT model saved as a LoRA adapter is merged into its base first, so that the
+        # reference (and a PPO adapter switched off) is the SFT policy, not the base model
+        policy = load_maybe_adapter(cfg.policy_model, cfg.trust_remote_code)
+    else:
+        policy = to_float32(policy, "policy")
+    lm = disable_dropout(policy)  # a model passed in keeps the dropout it was built with
+    stop_ids = [tokenizer.eos_token_id]
+    if cfg.stop_token is not None:
+        stop = tokenizer.convert_tokens_to_ids(cfg.stop_token)
+        if stop is None or stop == tokenizer.unk_token_id:
+            raise ValueError(f"PPOConfig.stop_token = {cfg.stop_token!r} is not a token of the tokenizer")
+        stop_ids.append(stop)
+    check_prompt_lengths(tokenizer, lm, task.train_prompts + task.eval_prompts, cfg.max_new_tokens)
+    if cfg.lora_r > 0:
+        from .lora import LoRAReference, apply_lora
+
+        # LoRA's dropout modules are new: switched off like every other dropout
+        lm = disable_dropout(apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules))
+        reference = LoRAReference(lm)  # the adapter switched off: no second copy of the weights
+    else:
+        reference = make_reference(lm).to(device)
+    critic = None
+    if cfg.critic == "separate":
+        critic = load_critic(cfg.critic_model or cfg.policy_model, cfg.trust_remote_code, pooling=cfg.value_pooling)
+    if cfg.gradient_checkpointing:
+        for model in (lm, critic.backbone if critic is not None else None):
+            if model is not None:
+                enable_checkpointing(model)
+    sampling = Sampling(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+        stop_ids=() if cfg.ignore_eos else stop_ids,
+    )
+    return Roles(tokenizer, PolicyWithValueHead(lm) if cfg.critic == "shared" else lm, reference, critic, sampling)
+
+
+def check_prompt_lengths(tokenizer, lm, prompts: list[str], max_new_tokens: int) -> None:
+    """Every prompt, plus the longest response, fits the model's context."""
+    limit = context_length(lm)
+    if limit is None:
+        return
+    for i, ids in enumerate(tokenizer(prompts, add_special_tokens=False)["input_ids"]):
+        if len(ids) + max_new_tokens > limit:
+            raise ValueError(
+                f"prompt {i} has {len(ids)} tokens; with max_new_tokens = {max_new_tokens} that is "
+                f"{len(ids) + max_new_tokens} positions, more than the model's context of {limit}"
+            )
+        if not ids:
+            raise ValueError(f"prompt {i} is empty after tokenization")
+
+
+def build_optimizer(cfg: PPOConfig, policy, critic):
+    """AdamW over every trainable weight (the critic's in a group with its own learning rate
+    when `critic_learning_rate` is set), and the learning-rate schedule, stepped once per
+    optimizer step."""
+    from transformers import get_scheduler
+
+    value_head = policy.v_head if isinstance(policy, PolicyWithValueHead) else None
+    head_ids = {id(p) for p in value_head.parameters()} if value_head is not None else set()
+    policy_params = [p for p in policy.parameters() if p.requires_grad and id(p) not in head_ids]
+    critic_params = [p for p in (critic or value_head or torch.nn.Module()).parameters() if p.requires_grad]
+    groups = [{"params": policy_params}]
+    if critic_params:
+        groups.append({"params": critic_params, "lr": cfg.critic_learning_rate or cfg.learning_rate})
+    # The fused kernel updates all tensors in one pass: on a CPU a third of the time of the
+    # default one-tensor-at-a-time loop (benchmarks/results/hotspots-*.json).
+    params = policy_params + critic_params
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, **({"fused": True} if fused else {}))
+    steps_per_iteration = cfg.ppo_epochs * (cfg.rollout_batch_size // cfg.minibatch_size)
+    # Not passed to accelerator.prepare: its scheduler wrapper steps once per process.
+    scheduler = get_scheduler(
+        {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.lr_schedule],
+        optimizer,
+        num_warmup_steps=cfg.warmup_steps,
+        num_training_steps=cfg.total_iterations * steps_per_iteration,
+    )
+    return optimizer, scheduler
+
+
+def build_kl_controllers(cfg: PPOConfig):
+    """The reference-KL coefficient's controller, and PPO-penalty's (KL to the *old* policy;
+    None unless policy_loss = "kl_penalty")."""
+    if cfg.kl_control == "adaptive":
+        kl_ctl = AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+    else:
+        kl_ctl = FixedKLController(cfg.kl_coef)
+    penalty_ctl = PPOPenaltyKLController(cfg.penalty_beta, cfg.penalty_kl_target) if cfg.policy_loss == "kl_penalty" else None
+    return kl_ctl, penalty_ctl

@@ -1,0 +1,108 @@
+"""What changes when a run is split over several processes (`accelerate launch`; chapter 9).
+
+Each process samples and scores its share of the rollout (`shard`); the rollout is gathered so
+that every process holds the whole batch (`gather_rollout`: whitening, the KL controller and the
+metrics are global); each process trains on its micro-batches of every minibatch, and DDP
+averages the gradients, skipping the all-reduce on all but the last micro-batch (`no_sync`).
+With one process every helper here is the identity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+
+import torch
+
+
+def check_distributed_backend(kind) -> None:
+    """Refuse the accelerate backends under which this trainer is not known to be correct.
+
+    One process, and DDP over several (`accelerate launch --multi_gpu`, or CPU processes),
+    are what runs: tests/test_distributed.py checks that 2 processes compute what 1 does.
+    FSDP and DeepSpeed need more than a wrapper here (the optimizer built after `prepare`,
+    sharded checkpoints, a global gradient norm, DeepSpeed's own optimizer step inside
+    `backward`), and none of it could be run and checked, so they are refused rather than
+    allowed to train silently wrong.
+    """
+    name = getattr(kind, "value", str(kind))
+    if name == "NO" or name.startswith("MULTI_"):
+        return
+    raise ValueError(
+        f"accelerate's distributed type {name} is not supported by ppo_lab: it runs on one device, or on "
+        "several with DDP (accelerate launch --multi_gpu). FSDP and DeepSpeed are refused because their "
+        "optimizer, checkpoint and gradient-clipping paths are not implemented or tested in ppo_lab; to fit a "
+        "larger model on each GPU use lora_r, gradient_checkpointing and precision: bf16"
+    )
+
+
+def shard(accelerator, n: int) -> tuple[int, int]:
+    """The rows [lo, hi) of a global batch of n that this process handles."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    return rank * n // world, (rank + 1) * n // world
+
+
+def gather(accelerator, tensor: torch.Tensor, pad_value=0, pad_first: bool = False) -> torch.Tensor:
+    """Concatenate every process's rows (after padding dim 1 to the longest)."""
+    if accelerator.num_processes == 1:
+        return tensor
+    if tensor.dim() > 1:
+        tensor = accelerator.pad_across_processes(tensor, dim=1, pad_index=pad_value, pad_first=pad_first)
+    return accelerator.gather(tensor)
+
+
+def gather_rollout(accelerator, parts: dict, pad_id: int) -> dict:
+    """Every process's share of the rollout's fields, concatenated (prompts left-padded, so
+    they are padded at the front; responses at the back). `parts["responses"]` is a list of str."""
+    if accelerator.num_processes == 1:
+        return parts
+    from accelerate.utils import gather_object
+
+    out = {}
+    for key, value in parts.items():
+        if key == "responses":
+            out[key] = gather_object(value)
+        elif value is None:
+            out[key] = None
+        elif key in ("query_ids", "query_mask"):
+            out[key] = gather(accelerator, value, pad_id if key == "query_ids" else 0, pad_first=True)
+        elif key == "response_ids":
+            out[key] = gather(accelerator, value, pad_id)
+        elif value.dtype == torch.bool:
+            out[key] = gather(accelerator, value.long()).bool()
+        else:
+            out[key] = gather(accelerator, value)
+    return out
+
+
+def no_sync(accelerator, models, last: bool):
+    """Skip DDP's gradient all-reduce on every micro-batch but the last of a minibatch."""
+    if last or accelerator.num_processes == 1:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for model in models:
+        if model is not None:
+            stack.enter_context(accelerator.no_sync(model))
+    return stack
+
+
+def mean_over_processes(accelerator, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if accelerator.num_processes == 1 else accelerator.reduce(tensor, reduction="mean")
+
+
+def peak_memory_mb(device) -> float:
+    """Peak GPU memory allocated on CUDA (since the last reset), else the process's peak
+    resident memory since it started, in MB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def max_peak_memory_mb(accelerator) -> float:
+    """This iteration's peak on CUDA (the counter is reset when `step` starts, so evaluation
+    and checkpointing in between count for neither), the largest over the processes; on a
+    CPU the process's peak since it started (it cannot be reset)."""
+    peak = peak_memory_mb(accelerator.device)
+    if accelerator.num_processes > 1:
+        peak = accelerator.gather(torch.tensor([peak], device=accelerator.device)).max().item()
+    return peak

@@ -1,0 +1,111 @@
+"""The loss of one micro-batch: a policy loss from the registry, plus the value loss, the
+entropy bonus and (with `kl_in="loss"`) the KL to the reference.
+
+Chapter 7 (The PPO trainer end to end) writes the whole objective, to be minimised:
+
+    loss = policy_loss + vf_coef * value_loss - entropy_coef * entropy + kl_coef * KL(pi || pi_ref)
+
+where the last term is present only when the KL penalty sits in the loss (GRPO style) instead of
+the per-token reward (chapter 5). The policy loss is looked up by name in a registry, as the
+advantage estimators are (`estimators.py`): every policy loss takes the same arguments and
+returns `(loss, metrics)`, so a new one (chapter 10) is a function and a decorator, not an edit
+of the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .aggregation import aggregate_loss
+from .clipping import clipped_policy_loss, kl_penalized_policy_loss
+from .kl import kl_penalty
+from .logprobs import entropy_from_logits
+from .value import clipped_value_loss
+
+# A policy loss: (logprobs, old_logprobs, advantages, mask, *, config fields) -> (loss, metrics);
+# all tensors (B, T). Each takes the keyword arguments it needs and ignores the rest (**_).
+PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator: make a policy loss available as `PPOConfig.policy_loss = name`."""
+
+    def add(fn: PolicyLoss) -> PolicyLoss:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"a policy loss named {name!r} is already registered")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return add
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}; valid values are: {', '.join(map(repr, sorted(POLICY_LOSSES)))}")
+    return POLICY_LOSSES[name]
+
+
+@register_policy_loss("clip")
+def clip_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_high=None, dual_clip=None, loss_agg="token-mean", **_):
+    """PPO-clip (chapter 6)."""
+    return clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high, dual_clip, loss_agg)
+
+
+@register_policy_loss("kl_penalty")
+def kl_penalty_loss(logprobs, old_logprobs, advantages, mask, *, penalty_beta, loss_agg="token-mean", **_):
+    """PPO-penalty: the surrogate minus an adaptive KL to the old policy (chapter 6)."""
+    return kl_penalized_policy_loss(logprobs, old_logprobs, advantages, mask, penalty_beta, loss_agg)
+
+
+def ppo_loss(
+    config,
+    *,
+    logits: torch.Tensor,
+    logprobs: torch.Tensor,
+    values: torch.Tensor | None,
+    batch: dict[str, torch.Tensor],
+    kl_coef: float,
+    penalty_beta: float,
+    train_policy: bool = True,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of one micro-batch, and its metrics (detached 0-dim tensors).
+
+    Args:
+        config: the `PPOConfig` (policy_loss, its clip settings, vf_coef, entropy_coef, kl_in,
+            kl_estimator, value_clip, loss_agg).
+        logits: (B, T, V) the current policy's logits for the response tokens, with gradient.
+        logprobs: (B, T) log pi_theta of the response tokens, with gradient.
+        values: (B, T) the current critic's values, with gradient; None without a critic.
+        batch: the rollout's rows of this micro-batch, each (B, T): "old_logprobs",
+            "ref_logprobs", "advantages", "returns", "mask", and "old_values" with a critic.
+        kl_coef: the current reference-KL coefficient (used when config.kl_in == "loss").
+        penalty_beta: the current PPO-penalty coefficient (policy_loss = "kl_penalty").
+        train_policy: False during the critic's warm-up: only the value loss is returned.
+    """
+    m = batch["mask"]
+    loss = torch.zeros((), device=m.device)
+    metrics: dict[str, torch.Tensor] = {}
+    if train_policy:
+        policy_loss = get_policy_loss(config.policy_loss)
+        loss, metrics = policy_loss(
+            logprobs, batch["old_logprobs"], batch["advantages"], m, clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high,
+            dual_clip=config.dual_clip, penalty_beta=penalty_beta, loss_agg=config.loss_agg,
+        )
+        metrics["loss/policy"] = loss.detach()
+    if values is not None:
+        vf_loss, v_metrics = clipped_value_loss(values.float(), batch["old_values"], batch["returns"], m, config.value_clip, config.loss_agg)
+        loss = loss + config.vf_coef * vf_loss
+        metrics.update(v_metrics)
+        metrics["loss/value"] = vf_loss.detach()
+    if train_policy and config.entropy_coef > 0:
+        entropy = aggregate_loss(entropy_from_logits(logits, config.temperature), m, config.loss_agg)
+        loss = loss - config.entropy_coef * entropy
+        metrics["loss/entropy"] = entropy.detach()
+    if train_policy and config.kl_in == "loss":
+        kl = aggregate_loss(kl_penalty(logprobs, batch["ref_logprobs"], config.kl_estimator), m, config.loss_agg)
+        loss = loss + kl_coef * kl
+        metrics["loss/kl"] = kl.detach()
+    return loss, metrics

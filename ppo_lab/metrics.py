@@ -1,0 +1,148 @@
+"""What an iteration reports about its rollout, and the checks that stop a broken run.
+
+Chapter 7 (The PPO trainer end to end) reads these metrics on the dashboard and the health panel.
+
+Pure functions of tensors: `rollout_metrics` gives the fixed metric names of the README's table
+(reward/..., objective/..., response/..., advantages/mean) as 0-dim tensors, so that the trainer
+reads them back to the host in one transfer; `rollout_problems` and `weights_problem` say what
+is not finite or has exploded.
+
+The objective metrics follow the rewards the advantages were computed from (chapter 5):
+
+    objective/non_score_reward = mean_b  -kl_coef * sum_t KL_est[b, t]      (kl_estimator)
+    objective/rlhf_reward      = mean_b  (score'_b - kl_coef * sum_t KL_est[b, t])
+
+with score' the score the rewards were shaped from (after `missing_eos_penalty`, `score_norm`
+and `score_clip`); with `kl_in="reward"` the second is exactly the mean summed shaped reward.
+`objective/kl` is always the k1 estimate sum_t (log pi_old - log pi_ref), the plain log-ratio
+whose mean over samples is the sequence KL, whatever estimator shapes the reward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .kl import kl_penalty
+from .masked import masked_mean
+
+# An update that multiplies the trained weights' norm by more than this has exploded: ordinary
+# updates change it by well under 1% (a learning rate of 5e4 multiplies it by about 10^5).
+WEIGHT_GROWTH_LIMIT = 10.0
+
+
+def rollout_metrics(
+    *,
+    scores: torch.Tensor,
+    has_eos: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    rewards: torch.Tensor | None,
+    advantages: torch.Tensor | None,
+    kl_coef: float,
+    kl_in: str,
+    kl_estimator: str,
+) -> dict[str, torch.Tensor]:
+    """The rollout's metrics as 0-dim tensors.
+
+    Args:
+        scores: (B,) raw scores from the reward; has_eos: (B,) bool.
+        old_logprobs, ref_logprobs, entropy, mask: (B, T) from the rollout.
+        rewards: (B, T) the shaped per-token rewards the advantages came from (None when the
+            update was skipped); advantages: (B, T), or None likewise.
+        kl_coef: the KL coefficient the rewards were shaped with (this iteration's).
+        kl_in, kl_estimator: as in `PPOConfig`.
+    """
+    kl_seq = (kl_penalty(old_logprobs, ref_logprobs, "k1") * mask).sum(1)  # (B,)
+    penalty_seq = -kl_coef * (kl_penalty(old_logprobs, ref_logprobs, kl_estimator) * mask).sum(1)  # (B,)
+    if rewards is None:
+        rlhf = torch.full((), math.nan, device=scores.device)
+    elif kl_in == "reward":
+        rlhf = rewards.sum(1).mean()  # score' - kl_coef * KL, exactly what GAE saw
+    else:
+        rlhf = (rewards.sum(1) + penalty_seq).mean()  # rewards hold score' only
+    nan = torch.full((), math.nan, device=scores.device)
+    return {
+        "reward/score_mean": scores.mean(),
+        "reward/score_std": scores.std() if len(scores) > 1 else torch.zeros((), device=scores.device),
+        "reward/eos_fraction": has_eos.float().mean(),
+        "objective/kl": kl_seq.mean(),
+        "objective/entropy": masked_mean(entropy, mask),
+        "objective/non_score_reward": penalty_seq.mean(),
+        "objective/rlhf_reward": rlhf,
+        "response/length_mean": mask.sum(1).float().mean(),
+        "advantages/mean": masked_mean(advantages, mask) if advantages is not None else nan,
+    }
+
+
+def rollout_problems(rollout, whiten: bool, reward_name: str) -> list[tuple[str, str, str]]:
+    """(phase, metric, detail) for every non-finite quantity of a rollout; ValueError for a bad mask.
+
+    One read-back for the whole batch: is the mask 0/1 with a real token in every row, and is
+    each quantity finite on real tokens? The advantages and the update then run without
+    per-call value checks (`skip_value_checks`).
+    """
+    real = rollout.mask.bool()
+    named = {"rollout/logprobs": rollout.old_logprobs, "rollout/ref_logprobs": rollout.ref_logprobs, "rollout/values": rollout.values}
+    named = {k: v for k, v in named.items() if v is not None}
+    mask_ok = ((rollout.mask == 0) | (rollout.mask == 1)).all() & real.any(dim=1).all() & (real.sum() >= (2 if whiten else 1))
+    finite = torch.stack([mask_ok, torch.isfinite(rollout.scores).all()] + [(torch.isfinite(v) | ~real).all() for v in named.values()]).tolist()
+    if not finite.pop(0):
+        raise ValueError(
+            "the rollout's response mask must hold only 0 and 1, with at least one real token in every row "
+            "(and two in all to whiten the advantages: with rollout_batch_size = 1, set whiten_advantages to false)"
+        )
+    found = []
+    if not finite[0]:
+        bad = ~torch.isfinite(rollout.scores)
+        rows = torch.nonzero(bad).flatten()[:5].tolist()
+        found.append(("reward", "reward/score_mean", f"reward {reward_name} returned {rollout.scores[bad][:5].tolist()} for responses {rows}"))
+    for name, ok in zip(named, finite[1:]):
+        if not ok:
+            found.append(("rollout", name, "non-finite on real response tokens"))
+    return found
+
+
+@torch.no_grad()
+def weight_norm(parameters: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of all `parameters` together, as a 0-dim tensor (no read-back)."""
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach().float()) for p in parameters]))
+
+
+def weights_problem(before: float, after: float) -> str | None:
+    """What is wrong with the weights after an update, judged from their norm before and after."""
+    if not math.isfinite(after):
+        return "the weights are nan or inf after the update"
+    if before > 0 and after > WEIGHT_GROWTH_LIMIT * before:
+        return f"the update multiplied the norm of the trained weights by {after / before:.3g} (from {before:.4g} to {after:.4g}): they exploded"
+    return None
+
+
+def mean_metrics(collected: dict[str, list[torch.Tensor]], reduce=lambda t: t) -> dict[str, float]:
+    """Each metric's mean over the optimizer steps it was collected at (then `reduce`d, e.g. over
+    processes), read back to the host in one transfer."""
+    keys = sorted(collected)
+    if not keys:
+        return {}
+    means = torch.stack([torch.stack([v.float() for v in collected[k]]).mean() for k in keys])
+    return dict(zip(keys, reduce(means).tolist()))
+
+
+def health_message(iteration: int, broken: str | None, skipped: list, bad_updates: int, config, newest) -> tuple[str | None, bool]:
+    """(message, fatal) after an iteration: exploded or non-finite weights stop the run; a
+    skipped update warns, and stops the run at `config.max_bad_updates` skipped updates.
+    `newest` is the newest checkpoint (or None), named so the user knows where to resume."""
+    if broken:
+        where = f"; the newest checkpoint is {str(newest)!r}" if newest else ""
+        return f"iteration {iteration}: {broken} (learning_rate = {config.learning_rate:g} is probably far too large). Stopping; the final policy is not saved{where}", True
+    if not skipped:
+        return None, False
+    phase, metric, detail = skipped[0]
+    message = f"iteration {iteration}: update skipped ({bad_updates} of at most {config.max_bad_updates}): non-finite {phase} ({metric}: {detail})"
+    if bad_updates < config.max_bad_updates:
+        return message, False
+    where = f"; the newest checkpoint is {str(newest)!r} (written when its iteration's weights and metrics were finite)" if newest else ""
+    return f"{message}. Stopping: PPOConfig.max_bad_updates = {config.max_bad_updates} reached{where}", True

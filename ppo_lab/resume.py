@@ -1,0 +1,78 @@
+"""Resuming a run: what a checkpoint holds besides the weights, and how it is put back (chapter 9).
+
+A resumed run continues exactly as the unbroken run would have (tests/test_faults.py checks it
+metric for metric): besides the weights and the optimizer and scheduler state, a checkpoint
+holds the KL controllers, the iteration and skipped-update counts, the prompt order and its
+generator, every global random generator, and the history. The files and their guarantees
+(atomic, verified, safe to load) are `checkpoint.py`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .checkpoint import (
+    checkpoint_name,
+    find_checkpoint,
+    load_checkpoint,
+    random_state,
+    restore_random_state,
+    save_checkpoint,
+    warn_if_config_changed,
+)
+
+
+def save_trainer_checkpoint(trainer) -> Path:
+    """Write a full checkpoint of `trainer` (a `PPOTrainer`) to output_dir/checkpoints: weights,
+    optimizer, scheduler, KL controllers, prompt order, every random generator, the history."""
+    root = trainer.output_dir / "checkpoints"
+    path = root / checkpoint_name(trainer.iteration)
+    if trainer.accelerator.is_main_process:
+        rng, generators = random_state()
+        tensors = {"policy": trainer.bare(trainer.policy).state_dict(), "rng": rng}
+        if trainer.critic is not None:
+            tensors["critic"] = trainer.bare(trainer.critic).state_dict()
+        objects = {"optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict()}
+        state = {
+            "iteration": trainer.iteration, "bad_updates": trainer.bad_updates, "kl_ctl": trainer.kl_ctl.state_dict(),
+            "penalty_ctl": trainer.penalty_ctl.state_dict() if trainer.penalty_ctl is not None else None,
+            "prompts": trainer.prompt_stream.state_dict(), **generators,
+            "history": trainer.history, "config": trainer.config.to_dict(), "run_id": trainer.run_id,
+        }
+        path = save_checkpoint(root, trainer.iteration, tensors, objects, state, keep=trainer.config.keep_checkpoints)
+    trainer.accelerator.wait_for_everyone()
+    return path
+
+
+def load_trainer_checkpoint(trainer, where: str | Path) -> Path:
+    """Restore `trainer` (a `PPOTrainer`) from a checkpoint folder, or "latest" in output_dir/checkpoints
+    (see `checkpoint.find_checkpoint` for the fallback past a corrupted one); returns its path."""
+    path = find_checkpoint(where, trainer.output_dir)
+    tensors, objects, state = load_checkpoint(path)
+    warn_if_config_changed(state["config"], trainer.config.to_dict(), path)
+    folder_run_id = trainer.out.run_id()
+    if state.get("run_id") and folder_run_id is not None and folder_run_id != state["run_id"]:
+        raise ValueError(
+            f"checkpoint {str(path)!r} belongs to another run than the one in output_dir {str(trainer.output_dir)!r} "
+            "(its run.json names a different run); resume into the checkpoint's own output_dir"
+        )
+    if trainer.critic is not None and "critic" not in tensors:
+        raise ValueError(f"checkpoint {str(path)!r} has no critic, but this run uses a separate critic")
+    try:
+        for role, model in (("policy", trainer.policy), ("critic", trainer.critic)):
+            if model is not None:  # (checkpoints of compiled runs written before the wrapper was stripped)
+                trainer.bare(model).load_state_dict({k.replace("_orig_mod.", ""): t for k, t in tensors[role].items()})
+        trainer.optimizer.load_state_dict(objects["optimizer"])
+    except (RuntimeError, ValueError) as err:
+        lines = str(err).strip().splitlines()
+        detail = next((x.strip() for x in lines if "size mismatch" in x or "Missing" in x or "Unexpected" in x or "groups" in x), lines[0] if lines else "")
+        raise ValueError(f"checkpoint {str(path)!r} does not fit the models of this configuration: {detail[:240]}" + (" ..." if len(detail) > 240 else "")) from err
+    trainer.scheduler.load_state_dict(objects["scheduler"])
+    trainer.kl_ctl.load_state_dict(state["kl_ctl"])
+    if trainer.penalty_ctl is not None and state["penalty_ctl"] is not None:
+        trainer.penalty_ctl.load_state_dict(state["penalty_ctl"])
+    trainer.run_id = state.get("run_id", trainer.run_id)
+    trainer.iteration, trainer.bad_updates, trainer.history = state["iteration"], state["bad_updates"], state["history"]
+    trainer.prompt_stream.load_state_dict(state["prompts"])
+    restore_random_state(tensors["rng"], state)
+    return path

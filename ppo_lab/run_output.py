@@ -1,0 +1,169 @@
+"""A run's folder: what it writes to `output_dir`, and how a folder is claimed, resumed or saved
+(chapter 7).
+
+    output_dir/
+        metrics.jsonl     one row per iteration (the README's metric names)
+        samples.jsonl     the evaluation samples
+        checkpoints/      full checkpoints (`checkpoint.py`)
+        policy/           the final policy, loadable with `from_pretrained`
+        config.yaml       the run's PPOConfig
+        run.json          the run's id (a checkpoint of another run is refused)
+        ppo_lab/          accelerate's tracker logs (report_to)
+
+Only the main process writes. Nothing of another run is ever appended to or deleted silently:
+a folder that holds a run's results is refused unless `overwrite_output_dir` (then all of the
+old run goes) or `resume_from` (then its logs are cut back to the checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+# What a run writes; overwrite_output_dir removes all of it. A folder "holds a run" when it has
+# one of the first four (results); the rest is removed with them.
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "policy", "config.yaml", "run.json", "ppo_lab")
+
+
+class RunOutput:
+    """The files of one run in `output_dir`, written by the main process of `accelerator`."""
+
+    def __init__(self, output_dir: str | Path, accelerator, overwrite: bool = False):
+        self.dir = Path(output_dir)
+        self.accelerator = accelerator
+        self.overwrite = overwrite
+        self.ready = self.trackers = False
+
+    @property
+    def main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def check(self) -> None:
+        """A fresh run needs an output_dir it can write that holds no other run (unless
+        overwriting); checked before anything is loaded."""
+        if self.dir.exists() and not self.dir.is_dir():
+            raise ValueError(f"output_dir {str(self.dir)!r} is a file, not a folder")
+        held = [n for n in RUN_FILES[:4] if (self.dir / n).exists()]
+        if held and not self.overwrite:
+            raise ValueError(
+                f"output_dir {str(self.dir)!r} already holds a run ({held[0]}); choose another "
+                "output_dir, set overwrite_output_dir to replace it, or set resume_from to continue it"
+            )
+        if self.main:
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                probe = self.dir / f".write-test-{os.getpid()}"
+                probe.write_text("")
+                probe.unlink()
+            except OSError as err:
+                raise ValueError(f"output_dir {str(self.dir)!r} cannot be written: {err.strerror or err}") from None
+
+    def prepare(self, *, iteration: int, resumed: bool, config: dict, run_id: str, trackers: bool = False) -> None:
+        """Claim the folder: a fresh run removes an overwritten run's files; a resumed run keeps
+        its logs up to the checkpoint's `iteration` and drops what came after it."""
+        if not resumed:
+            self.check()
+            self.accelerator.wait_for_everyone()  # every process checked before the main one writes
+            if self.main:
+                # Overwriting removes *everything* of the old run: its checkpoints left in place
+                # would be resumed from, or would push the new run's out under keep_checkpoints.
+                for path in [self.dir / n for n in RUN_FILES] + list(self.dir.glob("policy.*-*")):
+                    _remove(path)
+        elif self.main:
+            for path in [self.dir / n for n in ("metrics.jsonl", "samples.jsonl")]:
+                if path.exists():
+                    rows = [line for line in path.read_text().splitlines() if line.strip()]
+                    path.write_text("".join(row + "\n" for row in rows if iteration_of_row(row) <= iteration))
+        if self.main:
+            import yaml
+
+            from .checkpoint import remove_partial
+
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            _write_atomic(self.dir / "run.json", json.dumps({"run_id": run_id}))
+            remove_partial(self.dir / "checkpoints")
+            # a final save that was killed: between its two renames the previous policy is
+            # policy.old-*, and it is put back; a half-written policy.tmp-* is removed
+            old = sorted(self.dir.glob("policy.old-*"))
+            if old and not (self.dir / "policy").exists():
+                old[0].rename(self.dir / "policy")
+            for stale in list(self.dir.glob("policy.tmp-*")) + list(self.dir.glob("policy.old-*")):
+                shutil.rmtree(stale, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        if trackers:  # report_to: accelerate's trackers (tensorboard, wandb, ...) log to output_dir/ppo_lab
+            self.accelerator.init_trackers("ppo_lab", config={k: v for k, v in config.items() if v is not None})
+        self.trackers, self.ready = trackers, True
+
+    def log(self, metrics: dict, iteration: int) -> None:
+        """One row of metrics.jsonl, and the same numbers to the trackers."""
+        self.append("metrics.jsonl", [metrics])
+        if self.trackers:
+            self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=iteration)
+
+    def run_id(self) -> str | None:
+        """The id in run.json, if the folder has one."""
+        path = self.dir / "run.json"
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text()).get("run_id")
+        except (ValueError, AttributeError):
+            raise ValueError(f"{str(path)!r} is not readable JSON; delete it if output_dir holds only this checkpoint's run") from None
+
+    def append(self, name: str, rows: list[dict]) -> None:
+        """Append rows to a JSONL file (nan and inf become null: strict JSON has neither)."""
+        if not self.main:
+            return
+        with open(self.dir / name, "a") as fh:
+            for row in rows:
+                fh.write(json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}) + "\n")
+
+    def save_folder(self, folder: str | Path, write) -> Path:
+        """Call `write(tmp)` to fill a folder, then move it to `folder` in one rename: a process
+        killed while saving leaves the previous folder (or none), never half of one."""
+        from safetensors import SafetensorError
+
+        folder = Path(folder)
+        if self.main:
+            tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                write(tmp)
+            except (OSError, RuntimeError, SafetensorError) as err:  # a full disk, a permission
+                shutil.rmtree(tmp, ignore_errors=True)
+                reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
+                raise OSError(f"could not save the policy to {str(folder)!r} ({reason}); nothing was written there") from err
+            if folder.exists():
+                old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
+                folder.rename(old)
+                tmp.rename(folder)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(folder)
+        self.accelerator.wait_for_everyone()
+        return folder
+
+
+def iteration_of_row(row: str) -> float:
+    """The iteration of a metrics or samples row; a torn row (a run killed mid-write) sorts last."""
+    try:
+        return json.loads(row).get("iteration", 0)
+    except ValueError:
+        return math.inf
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
