@@ -173,11 +173,9 @@ def test_mean_pooling_feeds_the_critic_head_the_running_mean(tiny_path, tmp_path
     with torch.no_grad():
         hidden = critic.backbone(input_ids=ids, attention_mask=attention, position_ids=positions).last_hidden_state
         want = critic.head(causal_mean_pool(hidden, attention)).squeeze(-1)[:, ro.query_ids.shape[1] - 1 : -1]
-        token = critic.head(hidden).squeeze(-1)[:, ro.query_ids.shape[1] - 1 : -1]
     real = ro.mask.bool()
     torch.testing.assert_close(ro.values[real], want[real], rtol=1e-5, atol=1e-5)
     assert PPOTrainer(small_config(tmp_path / "t")).critic.pooling == "token"
     # (a zero-initialised head gives V = bias either way: train a step before comparing)
     critic.head.weight.data.normal_()
     assert not torch.allclose(critic.head(causal_mean_pool(hidden, attention)), critic.head(hidden))
-    del token
