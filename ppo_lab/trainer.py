@@ -6,7 +6,7 @@ the pure functions of the earlier chapters and contains no math of its own:
     for each iteration:
         rollout     = sample responses, score tokens with policy / reference / critic  (rollout.py)
         scores      = reward(prompts, responses), adjusted                              (rewards.py, shaping.py)
-        rewards     = shape_rewards(scores, logprobs, ref_logprobs, mask, beta)         (chapter 5)
+        rewards     = shape_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef)  (chapter 5)
         advantages  = estimator(rewards, mask, values, ...)                             (chapters 4, 10)
         for epoch in ppo_epochs, for minibatch in shuffled minibatches:
             loss = ppo_loss(...): policy loss + vf_coef * value loss - entropy bonus    (losses.py)
