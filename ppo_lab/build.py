@@ -63,16 +63,17 @@ def make_accelerator(cfg: PPOConfig):
 
 
 @dataclass
-class Task:
+class TaskSetup:
     """The prompts and the reward of a run."""
 
+    builtin: object  # the built-in task they come from (ppo_lab.tasks), or None
     train_prompts: list[str]
     eval_prompts: list[str]
     reward_fn: object  # (prompts, responses) -> scores
     reward_name: str  # for error messages: module.function, or the class
 
 
-def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, reward_fn=None) -> Task:
+def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, reward_fn=None) -> TaskSetup:
     """What is passed in, else the config's built-in task and reward."""
     from .rewards import load_reward
 
@@ -91,7 +92,7 @@ def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, re
     name = getattr(reward_fn, "__qualname__", type(reward_fn).__name__)
     module = getattr(reward_fn, "__module__", None)
     shown = f"{module}.{name}" if module and module not in ("__main__", "builtins") and not module.startswith("ppo_lab") else name
-    return Task(train, evaluation, reward_fn, shown)
+    return TaskSetup(task, train, evaluation, reward_fn, shown)
 
 
 class PromptStream:
@@ -130,7 +131,7 @@ class Roles:
     sampling: Sampling
 
 
-def build_roles(cfg: PPOConfig, task: Task, device, policy=None, tokenizer=None) -> Roles:
+def build_roles(cfg: PPOConfig, task: TaskSetup, device, policy=None, tokenizer=None) -> Roles:
     """Tokenizer, policy, reference and critic; dropout off everywhere, so that the first update
     step is exactly on-policy (ratio 1)."""
     tokenizer = tokenizer or load_tokenizer(cfg.tokenizer or cfg.policy_model, cfg.trust_remote_code)

@@ -257,16 +257,3 @@ def enable_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def save_policy(lm, tokenizer, folder, lora: bool = False) -> None:
-    """`save_pretrained` of the policy and its tokenizer into `folder`; a LoRA policy is saved
-    merged (base + adapter), so that the folder loads without peft."""
-    with quiet_transformers():
-        if lora:
-            from .lora import save_lora
-
-            save_lora(lm, folder, merged=True)
-        else:
-            lm.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)

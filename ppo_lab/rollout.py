@@ -26,14 +26,14 @@ from .masked import response_mask
 
 @dataclass
 class Rollout:
-    """One batch of sampled responses and their per-token quantities (all (B, R) unless noted)."""
+    """One batch of sampled responses and their per-token quantities (all (B, T) unless noted)."""
 
     prompts: list[str]
     responses: list[str]
     query_ids: torch.Tensor  # (B, P) left-padded prompt tokens
     query_mask: torch.Tensor  # (B, P) 1 on real prompt tokens
-    response_ids: torch.Tensor  # (B, R) sampled tokens, pad after the stop token
-    mask: torch.Tensor  # (B, R) 1 on real response tokens, stop token included
+    response_ids: torch.Tensor  # (B, T) sampled tokens, pad after the stop token
+    mask: torch.Tensor  # (B, T) 1 on real response tokens, stop token included
     old_logprobs: torch.Tensor  # log pi_old of the response tokens (the policy that sampled them)
     ref_logprobs: torch.Tensor  # log pi_ref of the same tokens
     values: torch.Tensor | None  # V(s_t) from the critic (None without one)
@@ -47,7 +47,7 @@ class Rollout:
 
 
 def full_sequence(query_ids, query_mask, response_ids, mask):
-    """Prompt + response as one (B, P + R) sequence with its attention mask and positions.
+    """Prompt + response as one (B, L) sequence, L = P + T, with its attention mask and positions.
 
     Position ids count real tokens only, so a left-padded prompt starts at position 0 exactly
     as it did during generation.
@@ -59,7 +59,7 @@ def full_sequence(query_ids, query_mask, response_ids, mask):
 
 
 def response_logits(model, query_ids, query_mask, response_ids, mask):
-    """(B, R, V) logits that predict each response token (from the position before it).
+    """(B, T, V) logits that predict each response token (from the position before it).
 
     The LM head runs on those R positions only when the model supports `logits_to_keep`
     (transformers' causal LMs do): the prompt's logits would be computed and thrown away.
@@ -117,7 +117,7 @@ def _inner(model):
 
 
 def critic_values(critic, query_ids, query_mask, response_ids, mask):
-    """(B, R) V(s_t) for each response token, from the hidden state before it."""
+    """(B, T) V(s_t) for each response token, from the hidden state before it."""
     input_ids, attention, position_ids = full_sequence(query_ids, query_mask, response_ids, mask)
     p = query_ids.shape[1]
     return critic(input_ids=input_ids, attention_mask=attention, position_ids=position_ids)[:, p - 1 : -1]
@@ -177,7 +177,7 @@ class Sampling:
 
 @dataclass
 class Sample:
-    """What `generate` returns (all (B, R) unless noted)."""
+    """What `generate` returns (all (B, T) unless noted)."""
 
     query_ids: torch.Tensor  # (B, P) left-padded prompt tokens
     query_mask: torch.Tensor  # (B, P)
@@ -261,12 +261,12 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
 
 @torch.no_grad()
 def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids, mask, temperature, *, old_logprobs=None, entropy=None, values=None, batch_size=None):
-    """(old_logprobs, ref_logprobs, values, entropy) of the sampled tokens, each (B, R); values None without a critic.
+    """(old_logprobs, ref_logprobs, values, entropy) of the sampled tokens, each (B, T); values None without a critic.
 
     `critic` is None when the policy carries the value head (its forward returns values too).
     Whatever the sampling loop already computed (`old_logprobs` with `entropy`, `values`) is used
     as given, and a forward that would only recompute it is skipped. `batch_size` (default: all
-    rows at once) scores that many rows per forward, which bounds the (rows, R, vocabulary)
+    rows at once) scores that many rows per forward, which bounds the (rows, T, V)
     logits held at once; each row's results do not depend on it beyond float round-off.
     """
     n = query_ids.shape[0]

@@ -148,6 +148,21 @@ class RunOutput:
         return folder
 
 
+def save_policy(lm, tokenizer, folder, lora: bool = False) -> None:
+    """`save_pretrained` of the policy and its tokenizer into `folder`; a LoRA policy is saved
+    merged (base + adapter), so that the folder loads without peft."""
+    from .hf import quiet_transformers
+
+    with quiet_transformers():
+        if lora:
+            from .lora import save_lora
+
+            save_lora(lm, folder, merged=True)
+        else:
+            lm.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+
 def iteration_of_row(row: str) -> float:
     """The iteration of a metrics or samples row; a torn row (a run killed mid-write) sorts last."""
     try:

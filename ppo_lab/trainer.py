@@ -6,7 +6,7 @@ the pure functions of the earlier chapters and contains no math of its own:
     for each iteration:
         rollout     = sample responses, score tokens with policy / reference / critic  (rollout.py)
         scores      = reward(prompts, responses), adjusted                              (rewards.py, shaping.py)
-        rewards     = shape_rewards(scores, logprobs, ref_logprobs, mask, beta)         (chapter 5)
+        rewards     = shape_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef)  (chapter 5)
         advantages  = estimator(rewards, mask, values, ...)                             (chapters 4, 10)
         for epoch in ppo_epochs, for minibatch in shuffled minibatches:
             loss = ppo_loss(...): policy loss + vf_coef * value loss - entropy bonus    (losses.py)
@@ -55,10 +55,10 @@ from .logprobs import logprobs_from_logits
 from .losses import ppo_loss
 from .masked import masked_whiten
 from .metrics import health_message, mean_metrics, rollout_metrics, rollout_problems, weight_norm, weights_problem
-from .models import PolicyWithValueHead, save_policy
+from .models import PolicyWithValueHead
 from .rewards import check_scores
 from .rollout import Rollout, critic_values, generate, response_logits, score_tokens
-from .run_output import RunOutput
+from .run_output import RunOutput, save_policy
 from .shaping import adjust_scores, shape_rewards
 
 class PPOTrainer:
@@ -84,6 +84,7 @@ class PPOTrainer:
             self.out.check()  # before minutes of loading, not after
 
         task = build_task(cfg, self.device, train_prompts, eval_prompts, reward_fn)
+        self.task = task.builtin  # the built-in task (ppo_lab.tasks), None when prompts and reward were given
         self.train_prompts, self.eval_prompts, self.reward_fn, self.reward_name = task.train_prompts, task.eval_prompts, task.reward_fn, task.reward_name
         roles = build_roles(cfg, task, self.device, policy, tokenizer)
         self.tokenizer, self.reference, self.sampling = roles.tokenizer, roles.reference, roles.sampling
@@ -207,10 +208,13 @@ class PPOTrainer:
         n, mb, ga = len(ro), cfg.minibatch_size, cfg.gradient_accumulation_steps
         micro = mb // (ga * acc.num_processes)
         collected: dict[str, list[torch.Tensor]] = {}
-        params, shuffle = self._trained_parameters(), draws(self.config.seed, self.iteration, "shuffle")
+        counts = {"policy/steps": 0.0, **({"train/overflow_steps": 0.0} if acc.scaler is not None else {})}
+        params, shuffle = self._trained_parameters(), draws(cfg.seed, self.iteration, "shuffle")
         self._modes(training=True)
-        steps, overflows = 0, 0
+        stop = False
         for _ in range(cfg.ppo_epochs):
+            if stop:
+                break
             order = torch.randperm(n, generator=shuffle).to(self.device)
             for start in range(0, n, mb):
                 mine = order[start : start + mb][acc.process_index * ga * micro : (acc.process_index + 1) * ga * micro]
@@ -222,8 +226,7 @@ class PPOTrainer:
                     for key, value in metrics.items():
                         step_metrics.setdefault(key, []).append(value)
                 # taken after DDP's all-reduce: every process sees the same norm and decides alike
-                norm = acc.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf)
-                norm = torch.as_tensor(norm).detach().float().to(self.device)
+                norm = torch.as_tensor(acc.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)).detach().float().to(self.device)
                 # Early stop on a target KL (Stable-Baselines3's `target_kl`): this minibatch's
                 # approx KL, measured before its step, says how far the steps so far moved the
                 # policy from the one that sampled the batch; past target_kl, no further step is
@@ -232,39 +235,28 @@ class PPOTrainer:
                 if cfg.target_kl is not None and step_metrics.get("policy/approx_kl"):
                     kl = dist.mean_over_processes(acc, torch.stack([v.float() for v in step_metrics["policy/approx_kl"]]).mean())
                 kl_value, norm_value = torch.stack([kl, norm]).tolist()  # the one read-back per minibatch
-                if cfg.target_kl is not None and kl_value > cfg.target_kl:
-                    self._discard_gradients()
-                    return self._update_metrics(collected, steps, overflows)
-                if not math.isfinite(norm_value):
-                    self._discard_gradients()
+                if (cfg.target_kl is not None and kl_value > cfg.target_kl) or not math.isfinite(norm_value):
+                    # Dropped without a step. Under fp16 the scaler has already unscaled these
+                    # gradients and refuses to again until update(), which also lowers the scale.
+                    if acc.scaler is not None:
+                        acc.scaler.update()
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if math.isfinite(norm_value):
+                        stop = True  # past target_kl: no more steps on this batch
+                        break
                     bad = [k for k, vs in step_metrics.items() if not all(bool(torch.isfinite(v).all()) for v in vs)]
                     if acc.scaler is not None and not bad:
-                        overflows += 1  # fp16: the scaler lowered its scale; how fp16 training starts
-                        continue
-                    self._skipped.append(("gradients", "policy/grad_norm", f"{norm_value}" + (f"; non-finite: {', '.join(bad)}" if bad else "")))
+                        counts["train/overflow_steps"] += 1  # fp16's scale was too large: how fp16 training starts
+                    else:
+                        self._skipped.append(("gradients", "policy/grad_norm", f"{norm_value}" + (f"; non-finite: {', '.join(bad)}" if bad else "")))
                     continue
-                for key, values in step_metrics.items():
+                for key, values in [*step_metrics.items(), ("policy/grad_norm", [norm])]:
                     collected.setdefault(key, []).extend(values)
-                collected.setdefault("policy/grad_norm", []).append(norm)
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
-                steps += 1
-        return self._update_metrics(collected, steps, overflows)
-
-    def _update_metrics(self, collected: dict, steps: int, overflows: int) -> dict[str, float]:
-        out = mean_metrics(collected, lambda t: dist.mean_over_processes(self.accelerator, t))
-        out["policy/steps"] = float(steps)
-        if self.accelerator.scaler is not None:
-            out["train/overflow_steps"] = float(overflows)
-        return out
-
-    def _discard_gradients(self) -> None:
-        """Drop this minibatch's gradients without a step. Under fp16 the scaler has already
-        unscaled them and refuses to again until `update()`, which also lowers the scale."""
-        if self.accelerator.scaler is not None:
-            self.accelerator.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+                counts["policy/steps"] += 1
+        return {**mean_metrics(collected, lambda t: dist.mean_over_processes(acc, t)), **counts}
 
     # --- one iteration: rollout -> shape -> advantages -> update -> log ---------------------
     def step(self) -> dict[str, float]:

@@ -36,6 +36,10 @@ SWITCHES = {
     "max_grad_norm": [None, 1.0],
     "whiten_advantages": [True, False],
     "forward_batch_size": [None, 3],
+    "value_warmup_iterations": [0, 1],
+    "critic_lam": [None, 1.0],
+    "critic_learning_rate": [None, 1e-4],
+    "value_pooling": ["token", "mean"],
 }
 BASE = dict(responses_per_prompt=2, total_iterations=2, eval_interval=1, save_interval=1, learning_rate=1e-3)
 

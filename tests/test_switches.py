@@ -105,3 +105,77 @@ def test_the_readme_metric_table_lists_exactly_the_emitted_keys(tiny_path, tmp_p
     undocumented = sorted(k for k in keys if not any(fnmatch.fnmatch(k, n) for n in names))
     never_emitted = sorted(n for n in names if not any(fnmatch.fnmatch(k, n) for k in keys))
     assert undocumented == [] and never_emitted == []
+
+
+# --- the critic's switches (chapter 7): each takes effect, and off is the plain run -------------
+def _weights(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _moved(before, model):
+    now = dict(model.named_parameters())
+    return max((now[n] - p).abs().max().item() for n, p in before.items())
+
+
+def test_value_warmup_trains_only_the_critic_for_its_iterations(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, value_warmup_iterations=1))
+    lm, critic = _weights(trainer.lm), _weights(trainer.critic)
+    first = trainer.step()
+    assert _moved(lm, trainer.lm) == 0.0 and _moved(critic, trainer.critic) > 0.0
+    assert "loss/policy" not in first and "loss/value" in first and first["policy/steps"] >= 1
+    second = trainer.step()
+    assert _moved(lm, trainer.lm) > 0.0 and "loss/policy" in second
+
+
+def test_a_critic_learning_rate_moves_the_critic_at_its_own_rate(tiny_path, tmp_path):
+    moved = {}
+    for name, lr in (("same", None), ("slow", 1e-7)):
+        trainer = PPOTrainer(small_config(tmp_path / name, total_iterations=1, critic_learning_rate=lr, learning_rate=1e-3))
+        assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-3, lr or 1e-3]
+        lm, critic = _weights(trainer.lm), _weights(trainer.critic)
+        trainer.step()
+        moved[name] = _moved(lm, trainer.lm), _moved(critic, trainer.critic)
+    assert moved["slow"][1] < moved["same"][1] / 100  # Adam's step is about lr per weight
+    assert moved["slow"][0] == pytest.approx(moved["same"][0], rel=0.5)  # the policy is not slowed
+
+
+def test_the_shared_value_head_gets_the_critic_learning_rate(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, critic="shared", critic_learning_rate=1e-5))
+    head = {id(p) for p in trainer.bare(trainer.policy).v_head.parameters()}
+    policy_group, critic_group = trainer.optimizer.param_groups
+    assert {id(p) for p in critic_group["params"]} == head and critic_group["lr"] == 1e-5
+    assert not head & {id(p) for p in policy_group["params"]}
+
+
+def test_critic_lam_sets_the_return_targets_and_leaves_the_advantages(tiny_path, tmp_path):
+    from ppo_lab import compute_gae
+
+    out = {}
+    for name, critic_lam in (("plain", None), ("decoupled", 1.0)):
+        trainer = PPOTrainer(small_config(tmp_path / name, lam=0.9, critic_lam=critic_lam, whiten_advantages=False))
+        ro = trainer.rollout(trainer.next_prompts())
+        out[name] = ro, *trainer.advantages(ro)
+    ro, rewards, advantages, returns = out["decoupled"]
+    _, want_returns = compute_gae(rewards, ro.values, ro.mask, gamma=1.0, lam=1.0)
+    torch.testing.assert_close(returns, want_returns)
+    torch.testing.assert_close(advantages, out["plain"][2])  # same rollout (same seed), same lam
+    assert (returns - out["plain"][3]).abs().max() > 1e-4  # lambda 1 targets differ from lambda 0.9
+
+
+def test_mean_pooling_feeds_the_critic_head_the_running_mean(tiny_path, tmp_path):
+    from ppo_lab.models import causal_mean_pool
+    from ppo_lab.rollout import full_sequence
+
+    trainer = PPOTrainer(small_config(tmp_path, value_pooling="mean"))
+    ro = trainer.rollout(trainer.next_prompts())
+    critic = trainer.bare(trainer.critic)
+    ids, attention, positions = full_sequence(ro.query_ids, ro.query_mask, ro.response_ids, ro.mask)
+    with torch.no_grad():
+        hidden = critic.backbone(input_ids=ids, attention_mask=attention, position_ids=positions).last_hidden_state
+        want = critic.head(causal_mean_pool(hidden, attention)).squeeze(-1)[:, ro.query_ids.shape[1] - 1 : -1]
+    real = ro.mask.bool()
+    torch.testing.assert_close(ro.values[real], want[real], rtol=1e-5, atol=1e-5)
+    assert PPOTrainer(small_config(tmp_path / "t")).critic.pooling == "token"
+    # (a zero-initialised head gives V = bias either way: train a step before comparing)
+    critic.head.weight.data.normal_()
+    assert not torch.allclose(critic.head(causal_mean_pool(hidden, attention)), critic.head(hidden))
