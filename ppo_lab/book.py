@@ -97,21 +97,23 @@ def config(**fields):
     return PPOConfig(**{**base, **fields, "output_dir": fields.get("output_dir") or tempfile.mkdtemp(prefix="ppo_lab-book-")})
 
 
-def train(**fields):
+def train(*, reward_fn=None, train_prompts=None, eval_prompts=None, **fields):
     """Train a fresh `PPOTrainer` on `config(**fields)` for its `total_iterations`; returns
-    `(trainer, history)`, the history being one metrics dict per iteration."""
+    `(trainer, history)`, the history being one metrics dict per iteration. `reward_fn` and the
+    prompts go to `PPOTrainer` as they are (default: the task's)."""
     from .trainer import PPOTrainer
 
-    trainer = PPOTrainer(config(**fields))
+    trainer = PPOTrainer(config(**fields), reward_fn=reward_fn, train_prompts=train_prompts, eval_prompts=eval_prompts)
     return trainer, trainer.train()
 
 
 def band(ax, histories: list[list[dict]], key: str, **style):
     """Plot metric `key` of several runs (one history each, e.g. one per seed) on `ax`: their
-    median as a line and their min-to-max range as a band. Returns the line."""
+    median as a line and their min-to-max range as a band. Returns the line. Iterations without
+    the metric (a value warm-up has no policy/* metrics) are gaps."""
     import torch
 
-    ys = torch.tensor([[row[key] for row in history] for history in histories], dtype=torch.float64)
+    ys = torch.tensor([[row.get(key, float("nan")) for row in history] for history in histories], dtype=torch.float64)
     its = [row["iteration"] for row in histories[0]]
     (line,) = ax.plot(its, ys.median(0).values, "o-", ms=3, **style)
     ax.fill_between(its, ys.min(0).values, ys.max(0).values, color=line.get_color(), alpha=0.2)

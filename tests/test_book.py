@@ -87,3 +87,29 @@ def test_chapters_take_every_seed_from_the_book_seed():
         hits = [m.group(0) for block in code for m in bare.finditer(block)]
         assert not hits, f"{md.name}: seeds not derived from setup()'s seed: {hits}"
         assert "seed, device = setup()" in md.read_text(), f"{md.name}: first cell must take its seed from setup()"
+
+
+def test_book_config_gives_each_run_a_fresh_folder_and_keeps_overrides():
+    from ppo_lab.book import config
+
+    a, b = config(seed=3), config(seed=3, eval_interval=5)
+    assert a.output_dir != b.output_dir and a.policy_model == "builtin:tiny"
+    assert (a.eval_interval, a.progress_bar, b.eval_interval) == (0, False, 5)
+    assert config(output_dir="/tmp/x").output_dir == "/tmp/x"
+
+
+def test_band_draws_median_and_range_and_leaves_gaps_for_missing_metrics():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ppo_lab.book import band
+
+    runs = [[{"iteration": i, "m": float(i + k)} for i in (1, 2, 3)] for k in (0, 1, 5)]
+    runs[0][0].pop("m")  # e.g. a value warm-up iteration has no policy metrics
+    fig, ax = plt.subplots()
+    line = band(ax, runs, "m")
+    ys = list(line.get_ydata())
+    assert ys[1:] == [3.0, 4.0] and ys[0] != ys[0]  # medians; nan where a run lacks the metric
+    plt.close(fig)
