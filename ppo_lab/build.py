@@ -153,7 +153,9 @@ def build_roles(cfg: PPOConfig, task: TaskSetup, device, policy=None, tokenizer=
         if stop is None or stop == tokenizer.unk_token_id:
             raise ValueError(f"PPOConfig.stop_token = {cfg.stop_token!r} is not a token of the tokenizer")
         stop_ids.append(stop)
-    check_prompt_lengths(tokenizer, lm, task.train_prompts + task.eval_prompts, cfg.max_new_tokens)
+    check_prompt_lengths(tokenizer, lm, task.train_prompts, cfg.max_new_tokens, "training prompt")
+    if task.eval_prompts != task.train_prompts:
+        check_prompt_lengths(tokenizer, lm, task.eval_prompts, cfg.max_new_tokens, "eval prompt")
     if cfg.lora_r > 0:
         from .lora import LoRAReference, apply_lora
 
@@ -176,19 +178,20 @@ def build_roles(cfg: PPOConfig, task: TaskSetup, device, policy=None, tokenizer=
     return Roles(tokenizer, PolicyWithValueHead(lm) if cfg.critic == "shared" else lm, reference, critic, sampling)
 
 
-def check_prompt_lengths(tokenizer, lm, prompts: list[str], max_new_tokens: int) -> None:
-    """Every prompt, plus the longest response, fits the model's context."""
+def check_prompt_lengths(tokenizer, lm, prompts: list[str], max_new_tokens: int, what: str = "prompt") -> None:
+    """Every prompt, plus the longest response, fits the model's context; an error names the
+    prompt as `what` and its index in its own list."""
     limit = context_length(lm)
     if limit is None:
         return
     for i, ids in enumerate(tokenizer(prompts, add_special_tokens=False)["input_ids"]):
         if len(ids) + max_new_tokens > limit:
             raise ValueError(
-                f"prompt {i} has {len(ids)} tokens; with max_new_tokens = {max_new_tokens} that is "
+                f"{what} {i} has {len(ids)} tokens; with max_new_tokens = {max_new_tokens} that is "
                 f"{len(ids) + max_new_tokens} positions, more than the model's context of {limit}"
             )
         if not ids:
-            raise ValueError(f"prompt {i} is empty after tokenization")
+            raise ValueError(f"{what} {i} is empty after tokenization")
 
 
 def build_optimizer(cfg: PPOConfig, policy, critic):

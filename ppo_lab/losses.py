@@ -63,8 +63,8 @@ def kl_penalty_loss(logprobs, old_logprobs, advantages, mask, *, penalty_beta, l
 def ppo_loss(
     config,
     *,
-    logits: torch.Tensor,
-    logprobs: torch.Tensor,
+    logits: torch.Tensor | None,
+    logprobs: torch.Tensor | None,
     values: torch.Tensor | None,
     batch: dict[str, torch.Tensor],
     kl_coef: float,
@@ -76,8 +76,9 @@ def ppo_loss(
     Args:
         config: the `PPOConfig` (policy_loss, its clip settings, vf_coef, entropy_coef, kl_in,
             kl_estimator, value_clip, loss_agg).
-        logits: (B, T, V) the current policy's logits for the response tokens, with gradient.
-        logprobs: (B, T) log pi_theta of the response tokens, with gradient.
+        logits: (B, T, V) the current policy's logits for the response tokens, with gradient
+            (None when `train_policy` is False: only the value loss is computed).
+        logprobs: (B, T) log pi_theta of the response tokens, with gradient (None likewise).
         values: (B, T) the current critic's values, with gradient; None without a critic.
         batch: the rollout's rows of this micro-batch, each (B, T): "old_logprobs",
             "ref_logprobs", "advantages", "returns", "mask", and "old_values" with a critic.

@@ -57,7 +57,8 @@ def rollout_metrics(
         kl_in, kl_estimator: as in `PPOConfig`.
     """
     kl_seq = (kl_penalty(old_logprobs, ref_logprobs, "k1") * mask).sum(1)  # (B,)
-    penalty_seq = -kl_coef * (kl_penalty(old_logprobs, ref_logprobs, kl_estimator) * mask).sum(1)  # (B,)
+    estimate = kl_seq if kl_estimator == "k1" else (kl_penalty(old_logprobs, ref_logprobs, kl_estimator) * mask).sum(1)
+    penalty_seq = -kl_coef * estimate  # (B,)
     if rewards is None:
         rlhf = torch.full((), math.nan, device=scores.device)
     elif kl_in == "reward":

@@ -49,6 +49,12 @@ def load_trainer_checkpoint(trainer, where: str | Path) -> Path:
     (see `checkpoint.find_checkpoint` for the fallback past a corrupted one); returns its path."""
     path = find_checkpoint(where, trainer.output_dir)
     tensors, objects, state = load_checkpoint(path)
+    if "prompts" not in state:  # written before the trainer kept its prompt order as `prompts`
+        raise ValueError(
+            f"checkpoint {str(path)!r} was written by an earlier version of ppo_lab and cannot be resumed by this "
+            "one (its optimizer and prompt state are laid out differently); its weights are intact in "
+            "policy.safetensors (and critic.safetensors) in that folder"
+        )
     warn_if_config_changed(state["config"], trainer.config.to_dict(), path)
     folder_run_id = trainer.out.run_id()
     if state.get("run_id") and folder_run_id is not None and folder_run_id != state["run_id"]:

@@ -188,16 +188,20 @@ class PPOTrainer:
     def minibatch_loss(self, ro: Rollout, idx: torch.Tensor, advantages, returns):
         """The loss of the rollout's rows `idx` under the current weights, and its metrics."""
         q, qm, r, m = ro.query_ids[idx], ro.query_mask[idx], ro.response_ids[idx], ro.mask[idx]
-        logits, values = response_logits(self.policy, q, qm, r, m)
+        train_policy = self.iteration >= self.config.value_warmup_iterations
+        logits, values, logprobs = None, None, None
+        if train_policy or self.critic is None:  # (a value warm-up with a separate critic needs no policy forward)
+            logits, values = response_logits(self.policy, q, qm, r, m)
+            logprobs = logprobs_from_logits(logits, r, self.config.temperature)
         if self.critic is not None:
             values = critic_values(self.critic, q, qm, r, m)
         batch = {"mask": m, "old_logprobs": ro.old_logprobs[idx], "ref_logprobs": ro.ref_logprobs[idx], "advantages": advantages[idx], "returns": returns[idx]}
         if ro.values is not None:
             batch["old_values"] = ro.values[idx]
         return ppo_loss(
-            self.config, logits=logits, logprobs=logprobs_from_logits(logits, r, self.config.temperature), values=values if ro.values is not None else None,
+            self.config, logits=logits, logprobs=logprobs, values=values if ro.values is not None else None,
             batch=batch, kl_coef=self.kl_ctl.value, penalty_beta=self.penalty_ctl.value if self.penalty_ctl else 0.0,
-            train_policy=self.iteration >= self.config.value_warmup_iterations,
+            train_policy=train_policy,
         )
 
     def update(self, ro: Rollout, advantages, returns) -> dict[str, float]:

@@ -231,3 +231,17 @@ def test_check_scores_can_let_nan_through_for_the_trainer():
     assert math.isnan(check_scores([0.0, math.nan], 2, finite=False)[1])
     with pytest.raises(ValueError, match=r"shape \(1,\) for 2 responses"):
         check_scores([math.nan], 2, finite=False)
+
+
+def test_a_checkpoint_of_an_earlier_version_is_refused_by_name_and_left_intact(tiny_path, tmp_path):
+    import dataclasses
+
+    cfg = small_config(tmp_path, total_iterations=1, save_interval=1)
+    PPOTrainer(cfg).train()
+    path = ckpt.latest_checkpoint(tmp_path / "run" / "checkpoints")
+    tensors, objects, state = ckpt.load_checkpoint(path)
+    state.pop("prompts")  # the earlier layout kept prompt_order / prompt_rng instead
+    old = ckpt.save_checkpoint(tmp_path / "old", 1, tensors, objects, {**state, "prompt_order": [], "prompt_rng": []}, keep=2)
+    with pytest.raises(ValueError, match=r"written by an earlier version of ppo_lab .* weights are intact"):
+        PPOTrainer(dataclasses.replace(cfg, output_dir=str(tmp_path / "again"), resume_from=str(old)))
+    assert ckpt.verify_checkpoint(old)

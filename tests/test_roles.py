@@ -146,3 +146,9 @@ def test_bradley_terry_loss_against_the_formula():
     assert m["reward_model/accuracy"].item() == 0.5
     with pytest.raises(ValueError, match=r"`rejected_scores` has shape \(2,\)"):
         bradley_terry_loss(chosen, torch.zeros(2))
+
+
+def test_a_too_long_eval_prompt_is_named_as_one(tiny_path, tmp_path):
+    long_prompt = " ".join(["the movie was good ."] * 20)
+    with pytest.raises(ValueError, match=r"eval prompt 1 has 100 tokens"):
+        PPOTrainer(small_config(tmp_path), train_prompts=["the movie was"], eval_prompts=["a", long_prompt], reward_fn=rule_reward)

@@ -179,3 +179,17 @@ def test_mean_pooling_feeds_the_critic_head_the_running_mean(tiny_path, tmp_path
     # (a zero-initialised head gives V = bias either way: train a step before comparing)
     critic.head.weight.data.normal_()
     assert not torch.allclose(critic.head(causal_mean_pool(hidden, attention)), critic.head(hidden))
+
+
+def test_value_warmup_runs_no_policy_forward_in_its_update(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, value_warmup_iterations=1))
+    calls = []
+    trainer.lm.register_forward_hook(lambda *a: calls.append(1))
+    ro = trainer.rollout(trainer.next_prompts())
+    _, advantages, returns = trainer.advantages(ro)
+    calls.clear()
+    trainer.update(ro, advantages, returns)
+    assert calls == []  # the separate critic trains alone: the policy's forward would be wasted
+    trainer.iteration = 1  # past the warm-up
+    trainer.update(ro, advantages, returns)
+    assert calls
