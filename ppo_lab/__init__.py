@@ -51,7 +51,7 @@ from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLCon
 from .logprobs import entropy_from_logits, logprobs_from_logits
 from .masked import masked_mean, masked_var, masked_whiten, response_mask
 from .policy_gradient import discounted_returns, reinforce_loss
-from .shaping import adjust_scores, last_real_index, shape_rewards
+from .shaping import adjust_scores, last_real_index, reference_normalization, shape_rewards
 from .value import clipped_value_loss, explained_variance
 
 __version__ = "0.1.0"
@@ -71,6 +71,7 @@ _LAZY = {
     "preference_pairs": "reward_model",
     "train_reward_model": "reward_model",
     "SequenceClassifierReward": "rewards",
+    "sequence_scores": "rewards",
     "get_task": "tasks",
     "tiny_model_path": "tiny",
 }
@@ -120,6 +121,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "register_advantage_estimator",
+    "reference_normalization",
     "reinforce_loss",
     "response_mask",
     "shape_rewards",

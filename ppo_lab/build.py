@@ -31,13 +31,13 @@ def seed_everything(seed: int) -> None:
 
 
 # Fixed stream numbers (not hash(), which changes between processes) for `draws`.
-STREAMS = {"sample": 1, "shuffle": 2, "eval": 3}
+STREAMS = {"sample": 1, "shuffle": 2, "eval": 3, "reference": 4}
 
 
 def draws(seed: int, iteration: int | None, stream: str) -> torch.Generator:
-    """A CPU generator for one purpose ("sample", "shuffle", "eval") of one iteration, the same
-    on every process and in a resumed run. (Evaluation passes iteration None: the same draws
-    at every evaluation.)"""
+    """A CPU generator for one purpose ("sample", "shuffle", "eval", "reference") of one
+    iteration, the same on every process and in a resumed run. (Evaluation and the reference
+    responses of `reference_score_norm` pass iteration None: the same draws every time.)"""
     if iteration is None:
         return torch.Generator().manual_seed(seed * 8 + STREAMS[stream])
     return torch.Generator().manual_seed((seed * 1_000_003 + iteration) * 8 + STREAMS[stream])
@@ -78,6 +78,12 @@ def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, re
     from .rewards import load_reward
 
     task = None
+    if train_prompts is None and cfg.prompts_file is not None:
+        train_prompts = read_prompts(cfg.prompts_file, cfg.prompt_field)
+        if eval_prompts is None:
+            eval_prompts = read_prompts(cfg.eval_prompts_file, cfg.prompt_field) if cfg.eval_prompts_file else train_prompts
+    elif eval_prompts is None and cfg.eval_prompts_file is not None:
+        eval_prompts = read_prompts(cfg.eval_prompts_file, cfg.prompt_field)
     if train_prompts is None or (reward_fn is None and cfg.reward is None):
         from .tasks import get_task
 
@@ -93,6 +99,39 @@ def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, re
     module = getattr(reward_fn, "__module__", None)
     shown = f"{module}.{name}" if module and module not in ("__main__", "builtins") and not module.startswith("ppo_lab") else name
     return TaskSetup(task, train, evaluation, reward_fn, shown)
+
+
+def read_prompts(path: str, field: str = "prompt") -> list[str]:
+    """The prompts in a file: .jsonl, one JSON object per line with the prompt under `field`;
+    any other suffix, one prompt per line (blank lines skipped). Errors name the file and line."""
+    import json
+    from pathlib import Path
+
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"prompts file {path!r} does not exist")
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"prompts file {path!r} cannot be read as UTF-8 text: {err}") from None
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if file.suffix != ".jsonl":
+            prompts.append(line)
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"prompts file {path!r}, line {number}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get(field), str) or not row[field]:
+            keys = ", ".join(map(repr, row)) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(f"prompts file {path!r}, line {number}: no non-empty string under {field!r} (has {keys}); set prompt_field")
+        prompts.append(row[field])
+    if not prompts:
+        raise ValueError(f"prompts file {path!r} holds no prompt")
+    return prompts
 
 
 class PromptStream:
@@ -173,7 +212,7 @@ def build_roles(cfg: PPOConfig, task: TaskSetup, device, policy=None, tokenizer=
                 enable_checkpointing(model)
     sampling = Sampling(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-        stop_ids=() if cfg.ignore_eos else stop_ids,
+        stop_ids=() if cfg.ignore_eos else stop_ids, stop_after=cfg.stop_after,
     )
     return Roles(tokenizer, PolicyWithValueHead(lm) if cfg.critic == "shared" else lm, reference, critic, sampling)
 
@@ -211,7 +250,7 @@ def build_optimizer(cfg: PPOConfig, policy, critic):
     # default one-tensor-at-a-time loop (benchmarks/results/hotspots-*.json).
     params = policy_params + critic_params
     fused = all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params)
-    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, **({"fused": True} if fused else {}))
+    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay, **({"fused": True} if fused else {}))
     steps_per_iteration = cfg.ppo_epochs * (cfg.rollout_batch_size // cfg.minibatch_size)
     # Not passed to accelerator.prepare: its scheduler wrapper steps once per process.
     scheduler = get_scheduler(

@@ -58,7 +58,7 @@ def free_on_resume() -> set[str]:
 @dataclass
 class PPOConfig:
     # --- models --------------------------------------------------------------------------
-    policy_model: str = _f("builtin:tiny", "Policy to train: a hub name, a local folder, or builtin:tiny (the offline default).")
+    policy_model: str = _f("builtin:tiny", "Policy to train: a hub name (org/model, or org/model@revision), a local folder, or builtin:tiny (the offline default).")
     tokenizer: str | None = _f(None, "Tokenizer to use; defaults to the policy's.")
     critic: str = _f("separate", "Critic design: a separate model with a scalar head, a value head on the policy's backbone, or none (for critic-free estimators such as grpo and rloo).", ("separate", "shared", "none"))
     value_pooling: str = _f("token", "What the separate critic's head reads at position t: the hidden state at t, or the mean of the hidden states of the real tokens up to t.", ("token", "mean"))
@@ -68,12 +68,16 @@ class PPOConfig:
     trust_remote_code: bool = _f(False, "Allow model code from the hub to run (off unless you trust the source).")
     # --- task ----------------------------------------------------------------------------
     task: str = _f("sentiment", "Built-in task providing prompts and the gold reward.", ("sentiment", "arithmetic"))
+    prompts_file: str | None = _f(None, "Training prompts from a file instead of the task's: .txt (one prompt per line) or .jsonl (one object per line, the prompt under prompt_field).")
+    eval_prompts_file: str | None = _f(None, "Eval prompts from a file (same formats); default: the task's eval prompts, or the training prompts when prompts_file is given.")
+    prompt_field: str = _f("prompt", "The key of the prompt in each line of a .jsonl prompts file (the TL;DR data of N+ calls it query).")
     # --- generation ----------------------------------------------------------------------
     max_new_tokens: int = _f(12, "Most tokens generated per response.", low=1)
     temperature: float = _f(1.0, "Sampling temperature; the same value is used in every log-prob forward.", low=0.0, low_open=True)
     top_k: int = _f(0, "Sample from the k most likely tokens only (0 = off). Makes the PPO ratio approximate.", low=0)
     top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off). Makes the PPO ratio approximate.", low=0.0, high=1.0, low_open=True)
     stop_token: str | None = _f(None, "An extra token that ends a response, besides EOS.")
+    stop_after: int = _f(0, "A stop token (EOS or stop_token) ends a response only at response position >= stop_after (0-based); an earlier one is an ordinary token. Sampling itself is unchanged, so the ratio stays exact (OpenAI 2019: stop_token '.', stop_after 16).", low=0)
     old_logprobs: str = _f("auto", "Where the rollout's log-probs (and a shared value head's values) come from: the logits the tokens were sampled from (no extra forward), a separate forward pass, or auto: sampling in fp32, forward in bf16/fp16.", ("auto", "sampling", "forward"))
     ignore_eos: bool = _f(False, "Never stop a response: sample exactly max_new_tokens tokens, all of them real (for benchmarks).")
     # --- batches -------------------------------------------------------------------------
@@ -89,9 +93,11 @@ class PPOConfig:
     lr_schedule: str = _f("constant", "Learning-rate schedule after warmup.", ("constant", "linear", "cosine"))
     warmup_steps: int = _f(0, "Optimizer steps of linear warmup.", low=0)
     weight_decay: float = _f(0.0, "AdamW weight decay.", low=0.0)
+    adam_eps: float = _f(1e-8, "AdamW epsilon (PyTorch's default 1e-8; the published RLHF recipes use 1e-5).", low=0.0, low_open=True)
     critic_learning_rate: float | None = _f(None, "The critic's own learning rate (separate or shared critic's value head); None = learning_rate.", low=0.0, low_open=True)
     value_warmup_iterations: int = _f(0, "Iterations at the start of the run that train only the critic (the policy is not updated; VAPO's value pretraining).", low=0)
     max_grad_norm: float | None = _f(1.0, "Clip the gradient norm to this value (None = no clipping).", low=0.0, low_open=True)
+    grad_clip_scope: str = _f("global", "Which gradients one norm covers: global, policy and critic together (CleanRL, TRL); per-model, the policy's and the critic's (or value head's) clipped each on its own (verl, OpenRLHF), so a large critic gradient does not shrink the policy's step.", ("global", "per-model"))
     # --- PPO losses ----------------------------------------------------------------------
     policy_loss: str = _f("clip", "Policy loss from the registry (ppo_lab.losses): clip, the clipped surrogate; kl_penalty, the adaptive KL penalty to the old policy (PPO-penalty); or one registered by you.")
     penalty_beta: float = _f(1.0, "Initial beta of PPO-penalty (policy_loss = kl_penalty).", low=0.0)
@@ -110,6 +116,7 @@ class PPOConfig:
     lam: float = _f(0.95, "GAE lambda, for the policy's advantages.", low=0.0, high=1.0)
     critic_lam: float | None = _f(None, "GAE lambda for the critic's return targets (VAPO's decoupled lambda, e.g. 1.0); None = lam.", low=0.0, high=1.0)
     whiten_advantages: bool = _f(True, "Normalise advantages to mean 0, std 1 over the real tokens of the batch.")
+    whiten_rewards: bool = _f(False, "Scale the per-token shaped rewards to std 1 over the real tokens of the batch, keeping their mean (OpenAI 2019's whiten(rewards, shift_mean=False)).")
     # --- reward shaping and KL -----------------------------------------------------------
     kl_coef: float = _f(0.2, "Initial KL coefficient beta (per-token penalty weight).", low=0.0)
     kl_estimator: str = _f("k1", "Per-token KL estimator.", KL_ESTIMATORS)
@@ -120,6 +127,9 @@ class PPOConfig:
     score_clip: float | None = _f(None, "Clip scores to [-score_clip, score_clip] (None = off).", low=0.0, low_open=True)
     score_norm: bool = _f(False, "Normalise scores to mean 0, std 1 over each rollout batch.")
     missing_eos_penalty: float | None = _f(None, "Subtract this from the score of a response with no EOS (None = off).", low=0.0)
+    missing_eos_score: float | None = _f(None, "Replace the score of a response with no EOS by this value (N and N+: -1; None = off).")
+    reference_score_norm: str = _f("none", "Fix a gain and bias once, before training, from the scores of the reference policy's responses: mean-std gives them mean 0 and std 1 (OpenAI 2019), mean gives them mean 0 (N+ centres its SFT references); none = off.", ("none", "mean-std", "mean"))
+    reference_score_samples: int = _f(256, "Responses sampled from the reference policy (over the training prompts) to fit reference_score_norm.", low=2)
     # --- run -----------------------------------------------------------------------------
     seed: int = _f(0, "Random seed.")
     precision: str = _f("fp32", "Mixed precision (bf16/fp16 on GPU; master weights and loss math stay fp32).", ("fp32", "bf16", "fp16"))
@@ -181,6 +191,12 @@ class PPOConfig:
             raise ValueError(f"PPOConfig.value_pooling = {self.value_pooling!r} needs critic = 'separate' (got {self.critic!r})")
         if self.value_warmup_iterations and self.critic == "none":
             raise ValueError("PPOConfig.value_warmup_iterations needs a critic to warm up; critic = 'none' has none")
+        if self.missing_eos_penalty is not None and self.missing_eos_score is not None:
+            raise ValueError("PPOConfig.missing_eos_penalty and missing_eos_score both handle a response with no EOS; set one of them")
+        if self.missing_eos_score is not None and not math.isfinite(self.missing_eos_score):
+            raise ValueError(f"PPOConfig.missing_eos_score = {self.missing_eos_score!r} must be a finite number (or None)")
+        if self.stop_after and self.stop_after >= self.max_new_tokens:
+            raise ValueError(f"PPOConfig.stop_after = {self.stop_after} leaves no position where a response could stop (max_new_tokens = {self.max_new_tokens})")
         if self.advantage_estimator in ("rloo", "grpo") and self.responses_per_prompt < 2:
             raise ValueError(f"PPOConfig.advantage_estimator = {self.advantage_estimator!r} compares responses to the same prompt: set responses_per_prompt >= 2 (got {self.responses_per_prompt})")
         self.check_divisibility(processes=1)

@@ -123,7 +123,7 @@ def masked_whiten(
 
 
 def response_mask(
-    response_ids: torch.Tensor, eos_token_id: int | list[int] | None
+    response_ids: torch.Tensor, eos_token_id: int | list[int] | None, stop_after: int = 0
 ) -> torch.Tensor:
     """Mask of the real tokens of right-padded responses: up to and including the first EOS.
 
@@ -131,6 +131,8 @@ def response_mask(
         response_ids: (B, T) generated token ids, right-padded after the end of each response.
         eos_token_id: the stop token id, a list of stop ids, or None (no stop token: every
             position is real).
+        stop_after: a stop token counts only at position >= stop_after (0-based); one before
+            it is an ordinary token (OpenAI 2019's truncation window, `PPOConfig.stop_after`).
 
     Returns:
         (B, T) float mask: 1 from the start through the first stop token, 0 after it. A response
@@ -148,6 +150,8 @@ def response_mask(
         return torch.ones_like(response_ids, dtype=torch.float32)
     ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     is_eos = torch.isin(response_ids, torch.tensor(ids, device=response_ids.device))
+    if stop_after:
+        is_eos = is_eos & (torch.arange(response_ids.shape[1], device=response_ids.device) >= stop_after)
     # eos_seen[t] counts stop tokens strictly before t: position t is real until one was seen.
     eos_seen = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()
     return (eos_seen == 0).float()

@@ -33,6 +33,17 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+def split_revision(name: str) -> tuple[str, str | None]:
+    """"org/model@rev" -> ("org/model", "rev"): a hub model at a revision (branch, tag or commit;
+    N+ publishes its checkpoints on branches). A local path or a name without "@" is not split."""
+    if "@" not in name or name.startswith(("/", ".", "~")) or Path(name).expanduser().exists():
+        return name, None
+    base, _, revision = name.rpartition("@")
+    if not base or not revision:
+        raise ValueError(f"model name {name!r}: expected org/model@revision with both parts non-empty")
+    return base, revision
+
+
 def load_pretrained(loader, name: str, role: str, new_weights: bool = False, **kwargs):
     """`loader.from_pretrained(name)`, with errors that name the role and the model.
 
@@ -40,8 +51,12 @@ def load_pretrained(loader, name: str, role: str, new_weights: bool = False, **k
     classifier gets a freshly initialised score head) is refused, naming them: transformers only
     warns, and a reward or a critic with a random head trains on noise. `new_weights=True` allows
     it where a new head is the point (the base of a reward model about to be trained).
+    `name` may carry a hub revision, "org/model@branch" (`split_revision`).
     """
-    path = resolve_model_path(name)
+    bare_name, revision = split_revision(name)
+    if revision is not None:
+        kwargs["revision"] = revision
+    path = resolve_model_path(bare_name)
     if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
         raise ValueError(f"could not load the {role} from {name!r}: no such folder")
     is_model = loader.__name__.startswith("AutoModel")

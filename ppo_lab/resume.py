@@ -38,6 +38,7 @@ def save_trainer_checkpoint(trainer) -> Path:
             "penalty_ctl": trainer.penalty_ctl.state_dict() if trainer.penalty_ctl is not None else None,
             "prompts": trainer.prompt_stream.state_dict(), **generators,
             "history": trainer.history, "config": trainer.config.to_dict(), "run_id": trainer.run_id,
+            "score_map": [trainer.score_gain, trainer.score_bias],
         }
         path = save_checkpoint(root, trainer.iteration, tensors, objects, state, keep=trainer.config.keep_checkpoints)
     trainer.accelerator.wait_for_everyone()
@@ -78,6 +79,9 @@ def load_trainer_checkpoint(trainer, where: str | Path) -> Path:
     if trainer.penalty_ctl is not None and state["penalty_ctl"] is not None:
         trainer.penalty_ctl.load_state_dict(state["penalty_ctl"])
     trainer.run_id = state.get("run_id", trainer.run_id)
+    if "score_map" not in state and trainer.config.reference_score_norm != "none":
+        raise ValueError(f"checkpoint {str(path)!r} holds no reference_score_norm gain and bias; resume it with reference_score_norm = 'none'")
+    trainer.score_gain, trainer.score_bias = state.get("score_map", (1.0, 0.0))  # reference_score_norm's, fitted once
     trainer.iteration, trainer.bad_updates, trainer.history = state["iteration"], state["bad_updates"], state["history"]
     trainer.prompt_stream.load_state_dict(state["prompts"])
     restore_random_state(tensors["rng"], state)

@@ -10,12 +10,13 @@ so a reward model r is fitted by minimising
 changes nothing, which is why RLHF pipelines often normalise the score afterwards.
 
 `train_reward_model` fits a 1-label sequence classifier (by default initialised from the tiny
-offline model) and saves it with `save_pretrained`, so it plugs into the trainer as
-`PPOConfig(reward="<folder>")` like any reward model from the hub.
+offline model), scored at the EOS token, and saves it with `save_pretrained`, so it plugs into
+the trainer as `PPOConfig(reward="<folder>")` like any reward model from the hub.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,24 @@ def bradley_terry_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tenso
     with torch.no_grad():
         metrics = {"reward_model/accuracy": (margin > 0).float().mean(), "reward_model/margin": margin.mean()}
     return loss, metrics
+
+
+def init_reward_head(head: torch.nn.Linear) -> torch.nn.Linear:
+    """Weights from N(0, 1/sqrt(d + 1)) for d inputs, bias (if any) 0: the reward head of OpenAI
+    (2019) and N+, which makes the first scores of order 1 whatever the hidden size."""
+    torch.nn.init.normal_(head.weight, std=1.0 / math.sqrt(head.in_features + 1))
+    if head.bias is not None:
+        torch.nn.init.zeros_(head.bias)
+    return head
+
+
+def linear_to_zero(total_steps: int):
+    """The learning-rate factor of step s = 0, 1, ..., total_steps - 1: 1 - s / total_steps, so
+    the rate falls linearly from its full value toward 0 (the last step takes 1/total_steps of
+    it), for `torch.optim.lr_scheduler.LambdaLR`."""
+    if total_steps < 1:
+        raise ValueError(f"total_steps = {total_steps} must be >= 1")
+    return lambda step: max(0.0, 1.0 - step / total_steps)
 
 
 @dataclass
@@ -88,42 +107,80 @@ def train_reward_model(
     pairs: list[PreferencePair],
     output_dir: str | Path,
     base: str = "builtin:tiny",
-    steps: int = 300,
+    epochs: int = 1,
     batch_size: int = 32,
     lr: float = 1e-3,
     seed: int = 0,
+    normalize_on: tuple[list[str], list[str]] | None = None,
+    normalize: str = "mean-std",
 ) -> dict:
     """Fit a 1-label sequence classifier to `pairs` with the Bradley-Terry loss and save it.
 
-    Returns the metrics of the last step. The folder holds the model and its tokenizer.
+    The recipe of OpenAI (2019) and N+ (Huang et al., 2024), each step of it on purpose:
+    - the score is read at the EOS token appended to every response (`rewards.encode_pairs`,
+      `rewards.sequence_scores`), the token `SequenceClassifierReward` reads it at later;
+    - the new head is initialised from N(0, 1/sqrt(d + 1)) for a hidden size d, so the first
+      scores are of order 1 whatever d is;
+    - `epochs` passes (the recipes: one) over the pairs in shuffled batches, with the learning
+      rate annealed linearly from `lr` to 0;
+    - after training, if `normalize_on` = (prompts, responses) is given (the reference policy's
+      responses, say), a gain and a bias are fitted so that those responses score mean 0 and
+      std 1 ("mean-std") or mean 0 ("mean"); they are stored in the saved config as
+      `reward_gain` and `reward_bias` and applied by `SequenceClassifierReward`. (Loaded with
+      transformers alone, the head gives the raw score.) The responses count as ended.
+
+    Returns the metrics of the last step (and the gain and bias). The folder holds the model and
+    its tokenizer.
     """
     from transformers import AutoModelForSequenceClassification
 
     from .hf import quiet_transformers
     from .models import disable_dropout, load_pretrained, load_tokenizer
+    from .rewards import encode_pairs, sequence_scores
+    from .shaping import reference_normalization
 
     if not pairs:
         raise ValueError("no preference pairs to train on")
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"epochs = {epochs} and batch_size = {batch_size} must both be >= 1")
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(base)
-    tokenizer.padding_side = "right"
     model = load_pretrained(AutoModelForSequenceClassification, base, "reward model base", new_weights=True, num_labels=1)
     model.config.pad_token_id = tokenizer.pad_token_id
+    init_reward_head(model.score)
     disable_dropout(model).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    per_epoch = math.ceil(len(pairs) / batch_size)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_to_zero(epochs * per_epoch))
     rng = random.Random(seed)
-    metrics = {}
-    for _ in range(steps):
-        batch = rng.sample(pairs, min(batch_size, len(pairs)))
-        texts = [f"{p.prompt} {p.chosen}" for p in batch] + [f"{p.prompt} {p.rejected}" for p in batch]
-        enc = tokenizer(texts, return_tensors="pt", padding=True)
-        scores = model(**enc).logits.squeeze(-1)  # (2N,)
-        loss, metrics = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    metrics: dict = {}
+    for _ in range(epochs):
+        order = list(range(len(pairs)))
+        rng.shuffle(order)
+        for i in range(0, len(order), batch_size):
+            batch = [pairs[j] for j in order[i : i + batch_size]]
+            prompts = [p.prompt for p in batch] * 2
+            responses = [p.chosen for p in batch] + [p.rejected for p in batch]
+            ids, att = encode_pairs(tokenizer, prompts, responses, ended=[True] * len(responses))
+            scores = sequence_scores(model, ids, att)  # (2N,), at the EOS
+            loss, metrics = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :])
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
     model.eval()
+    out = {"reward_model/loss": loss.item(), **{k: v.item() for k, v in metrics.items()}}
+    if normalize_on is not None:
+        prompts, responses = normalize_on
+        with torch.no_grad():
+            scores = torch.cat([
+                sequence_scores(model, *encode_pairs(tokenizer, prompts[i : i + 64], responses[i : i + 64], ended=[True] * len(responses[i : i + 64])))
+                for i in range(0, len(prompts), 64)
+            ])
+        gain, bias = reference_normalization(scores, normalize)
+        model.config.reward_gain, model.config.reward_bias = gain, bias
+        out.update({"reward_model/gain": gain, "reward_model/bias": bias})
     with quiet_transformers():
         model.save_pretrained(output_dir)
         tokenizer.save_pretrained(output_dir)
-    return {"reward_model/loss": loss.item(), **{k: v.item() for k, v in metrics.items()}}
+    return out

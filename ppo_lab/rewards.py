@@ -5,11 +5,23 @@ function of the texts is a reward, so a rule, a lexicon (VADER) or a reward mode
 different tokenizer from the policy's all plug in the same way; a sequence-classification model
 is wrapped by `SequenceClassifierReward`. The trainer checks what comes back with
 `check_scores`: one finite number per response, or a ValueError that says what was wrong.
+
+Where a reward model reads its score, decided on purpose: at the LAST REAL TOKEN, found from the
+attention mask, which is the EOS token of a response that ended (`sequence_scores`). A reward
+model trained to score at the EOS (N+, and `ppo_lab.train_reward_model`) is therefore read at
+the token it was trained on. Transformers' own pooling finds the last token that is not the pad
+id, which lands one token early when pad == eos (GPT-2, Pythia, Llama), so it is not used. When
+the reward model shares the policy's tokenizer, the trainer passes the token ids as sampled,
+EOS included (`SequenceClassifierReward.score_ids`, no decode and re-tokenise); with another
+tokenizer the text goes through, with that tokenizer's EOS appended to the responses that
+ended. A Python reward that takes an `ended` keyword receives the same information (a list of
+bools: whether each response ended with a stop token rather than running out of tokens).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
@@ -39,11 +51,41 @@ def check_scores(scores, n: int, source: str = "the reward function", finite: bo
     return tensor
 
 
+def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, label_index: int = -1) -> torch.Tensor:
+    """(N,) float32 scores of a sequence-classification model, read at each row's last real token.
+
+    Args:
+        model: an `AutoModelForSequenceClassification`. A decoder (it has a `score` head on its
+            backbone: GPT-2, Llama, Qwen, Pythia) is read at the last position where
+            `attention_mask` is 1; an encoder (BERT-like) pools by its own rule (the first token).
+        input_ids, attention_mask: (N, L), padded on either side or both (a left-padded prompt
+            followed by a right-padded response): the real tokens are moved to the front of
+            each row, in order, before the forward, so absolute position embeddings see 0, 1, ...
+        label_index: which logit is the score.
+
+    The pad id is never compared with anything, so pad == eos cannot move the reading position.
+    """
+    head = getattr(model, "score", None)
+    backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    if head is None or backbone is None:
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, label_index].float()
+    real = attention_mask.long()
+    if not bool((real.sum(dim=1) > 0).all()):
+        raise ValueError("a sequence to score has no real token (its attention mask is all zero)")
+    order = torch.sort(1 - real, dim=1, stable=True).indices  # real tokens first, in their order
+    ids, att = input_ids.gather(1, order), real.gather(1, order)
+    hidden = backbone(input_ids=ids, attention_mask=att)[0]  # (N, L, H)
+    last = att.sum(dim=1) - 1
+    return head(hidden[torch.arange(len(ids), device=ids.device), last])[:, label_index].float()
+
+
 class SequenceClassifierReward:
     """A sequence-classification model as a reward, with its own tokenizer.
 
     The score of a response is the logit of label `label_index` (the only one for a 1-label
-    reward model, the "positive" one for a sentiment classifier) on the text prompt + response.
+    reward model, the "positive" one for a sentiment classifier) on prompt + response, read at
+    the last real token (`sequence_scores`), then mapped by the `reward_gain` and `reward_bias`
+    stored in the model's config, if any (`train_reward_model` writes them).
     """
 
     def __init__(self, name: str, label_index: int = -1, device: str | torch.device = "cpu", batch_size: int = 64, trust_remote_code: bool = False):
@@ -54,20 +96,83 @@ class SequenceClassifierReward:
         self.tokenizer = load_pretrained(AutoTokenizer, name, "reward tokenizer", trust_remote_code=trust_remote_code)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.tokenizer.padding_side = "right"
         self.model = load_pretrained(AutoModelForSequenceClassification, name, "reward model", trust_remote_code=trust_remote_code)
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         disable_dropout(self.model).eval().requires_grad_(False).to(device)
         self.label_index, self.device, self.batch_size = label_index, device, batch_size
+        self.gain = float(getattr(self.model.config, "reward_gain", 1.0))
+        self.bias = float(getattr(self.model.config, "reward_bias", 0.0))
+        # a decoder reads its score at a token; an encoder pools at its first token and has no use for an EOS
+        self.appends_eos = hasattr(self.model, "score") and self.tokenizer.eos_token_id is not None
+
+    def _scores(self, ids: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        out = [sequence_scores(self.model, ids[i : i + self.batch_size], att[i : i + self.batch_size], self.label_index) for i in range(0, len(ids), self.batch_size)]
+        return (torch.cat(out) * self.gain + self.bias).cpu()
 
     @torch.no_grad()
-    def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> torch.Tensor:
-        texts = [p + (r if r[:1].isspace() else " " + r) for p, r in zip(prompts, responses)]
-        out = []
-        for i in range(0, len(texts), self.batch_size):
-            enc = self.tokenizer(texts[i : i + self.batch_size], return_tensors="pt", padding=True).to(self.device)
-            out.append(self.model(**enc).logits[:, self.label_index].float().cpu())
-        return torch.cat(out)
+    def __call__(self, prompts: Sequence[str], responses: Sequence[str], ended: Sequence[bool] | None = None) -> torch.Tensor:
+        """Scores of the texts prompt + response; `ended[i]` appends this tokenizer's EOS to response i."""
+        ids, att = encode_pairs(self.tokenizer, prompts, responses, ended if self.appends_eos else None)
+        return self._scores(ids.to(self.device), att.to(self.device))
+
+    @torch.no_grad()
+    def score_ids(self, query_ids: torch.Tensor, query_mask: torch.Tensor, response_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Scores of the token ids as sampled (a shared tokenizer): (B, P) left-padded prompts,
+        (B, T) responses with their mask, the stop token included; read at each response's last
+        real token, the EOS of one that ended."""
+        ids = torch.cat([query_ids, response_ids], dim=1).to(self.device)
+        att = torch.cat([query_mask.long(), mask.long()], dim=1).to(self.device)
+        return self._scores(ids, att)
+
+    def shares_tokenizer(self, tokenizer) -> bool:
+        """Whether `tokenizer` maps text to the same ids as this reward model's tokenizer."""
+        mine = self.tokenizer
+        return mine.eos_token_id == tokenizer.eos_token_id and mine.get_vocab() == tokenizer.get_vocab()
+
+
+def encode_pairs(tokenizer, prompts: Sequence[str], responses: Sequence[str], ended: Sequence[bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (N, L) and right-padded, of the texts prompt + " " +
+    response (no space added when the response starts with one), with `tokenizer`'s EOS id
+    appended to every response whose `ended` is true. How a reward model is both trained
+    (`train_reward_model`) and read (`SequenceClassifierReward`)."""
+    texts = [p + (r if r[:1].isspace() else " " + r) for p, r in zip(prompts, responses)]
+    rows = tokenizer(texts)["input_ids"]
+    if ended is not None:
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("the reward tokenizer has no EOS token to mark the responses that ended")
+        rows = [row + [eos] if e and row[-1:] != [eos] else row for row, e in zip(rows, ended)]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    att = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], att[i, : len(row)] = torch.tensor(row, dtype=torch.long), 1
+    return ids, att
+
+
+def reads_token_ids(reward_fn, tokenizer) -> bool:
+    """Whether the trainer can hand `reward_fn` the sampled token ids (see the module docstring)."""
+    shares = getattr(reward_fn, "shares_tokenizer", None)
+    return callable(getattr(reward_fn, "score_ids", None)) and callable(shares) and bool(shares(tokenizer))
+
+
+def takes_ended(reward_fn) -> bool:
+    """Whether `reward_fn` accepts the `ended` keyword."""
+    try:
+        return "ended" in inspect.signature(reward_fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def score_responses(reward_fn, prompts: list[str], responses: list[str], sample, by_ids: bool):
+    """Call the reward the way it can be called best: with the sampled ids (`by_ids`, from
+    `reads_token_ids`), with the texts and `ended`, or with the texts alone. `sample` is the
+    `rollout.Sample` the responses came from. Returns what the reward returned."""
+    if by_ids:
+        return reward_fn.score_ids(sample.query_ids, sample.query_mask, sample.response_ids, sample.mask)
+    if takes_ended(reward_fn):
+        return reward_fn(prompts, responses, ended=sample.ended.tolist())
+    return reward_fn(prompts, responses)
 
 
 def load_reward(spec: str | None, task=None, label_index: int = -1, device="cpu", trust_remote_code: bool = False) -> RewardFn:

@@ -157,8 +157,10 @@ class Sampling:
     """How responses are sampled: `PPOConfig`'s generation fields as one object.
 
     `temperature`, `top_k` and `top_p` are those of `sample_tokens` (top_k = 0 and top_p = 1
-    switch them off); a response ends after its first token in `stop_ids` (empty: exactly
-    `max_new_tokens` tokens are sampled, as benchmarks do).
+    switch them off); a response ends after its first token in `stop_ids` at a position >=
+    `stop_after` (empty `stop_ids`: exactly `max_new_tokens` tokens are sampled, as benchmarks
+    do). A stop token before `stop_after` is an ordinary token: the window decides where a
+    response ends, not what is sampled, so log-probs need no masking of the stop tokens.
     """
 
     max_new_tokens: int
@@ -166,11 +168,14 @@ class Sampling:
     top_k: int = 0
     top_p: float = 1.0
     stop_ids: tuple[int, ...] = ()
+    stop_after: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
         if self.max_new_tokens < 1:
             raise ValueError(f"Sampling.max_new_tokens = {self.max_new_tokens!r} must be >= 1")
+        if not 0 <= self.stop_after < self.max_new_tokens:
+            raise ValueError(f"Sampling.stop_after = {self.stop_after!r} must be in [0, max_new_tokens = {self.max_new_tokens})")
         if not self.temperature > 0:
             raise ValueError(f"Sampling.temperature = {self.temperature!r} must be > 0")
 
@@ -183,6 +188,7 @@ class Sample:
     query_mask: torch.Tensor  # (B, P)
     response_ids: torch.Tensor  # pad after the stop token
     mask: torch.Tensor  # 1 on real response tokens, stop token included
+    ended: torch.Tensor  # (B,) bool: the response ended with a stop token (it did not run out of tokens)
     old_logprobs: torch.Tensor | None = None  # log pi(token) at the temperature, from the sampling logits
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None  # from `value_head` on the hidden state that chose each token
@@ -236,7 +242,7 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
         if hidden:
             state = out.hidden_states[-1][:, -1]
             values.append(value_head(state.to(value_head.weight.dtype)).squeeze(-1).float())
-        done = done | torch.isin(token, stops)
+        done = done | (torch.isin(token, stops) & (t >= sampling.stop_after))
         # the one read-back per token: stop when every row has stopped; refuse nan logits
         # (-inf is allowed: models mask tokens with it, as long as a row keeps a finite one)
         usable = (~torch.isnan(logits) & (logits != float("inf"))).all() & torch.isfinite(logits).any(dim=-1).all()
@@ -252,11 +258,15 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
         last = last + 1
         out = model(input_ids=token[:, None], attention_mask=attention, position_ids=last, past_key_values=out.past_key_values, use_cache=True, output_hidden_states=hidden)
     response_ids = torch.stack(tokens, dim=1)
-    mask = response_mask(response_ids, list(sampling.stop_ids) or None)
+    mask = response_mask(response_ids, list(sampling.stop_ids) or None, sampling.stop_after)
+    # ended: the last real token is a stop token inside the window (mask and window agree on it)
+    last = (mask.sum(dim=1).long() - 1).clamp(min=0)
+    final = response_ids.gather(1, last[:, None]).squeeze(1)
+    ended = torch.isin(final, stops) & (last >= sampling.stop_after)
     # Anything after the stop token is replaced by pad, and its statistics by 0.
     response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
     stacked = [torch.stack(x, dim=1) * mask if x else None for x in (logprobs, entropy, values)]
-    return Sample(query_ids, query_mask, response_ids, mask, *stacked)
+    return Sample(query_ids, query_mask, response_ids, mask, ended, *stacked)
 
 
 @torch.no_grad()

@@ -106,34 +106,80 @@ def adjust_scores(
     missing_eos_penalty: float | None = None,
     normalize: bool = False,
     eps: float = 1e-8,
+    *,
+    missing_eos_score: float | None = None,
+    gain: float = 1.0,
+    bias: float = 0.0,
 ) -> torch.Tensor:
     """The score corrections applied before shaping, in this order.
 
     Args:
         scores: (B,) raw scores from the reward.
         has_eos: (B,) bool, whether each response ended with a stop token (needed with a
-            penalty).
+            penalty or a replacement score).
         missing_eos_penalty: if given, subtracted from the score of every response that ran out
             of tokens without stopping (TRL's `missing_eos_penalty`): a reward model judges
             truncated text as if it were finished, and the policy learns to ramble otherwise.
         normalize: rescale the batch to mean 0, std 1 (unbiased), which keeps the reward's
             scale from setting the effective learning rate.
+        missing_eos_score: if given, the score of every response without a stop token is
+            replaced by this value (the "EOS trick" of OpenAI 2019 and N+, which use -1): unlike
+            a penalty, it does not depend on what the reward model made of the truncated text.
+        gain, bias: a fixed affine map applied first, `gain * score + bias` (see
+            `reference_normalization`: OpenAI 2019 fixes them once so that the reference
+            policy's responses score mean 0 and std 1). The replacement score and the penalty
+            are on the normalised scale, as in the recipes.
 
     Returns:
         (B,) adjusted scores (a new tensor).
 
-    Example: scores [1.0, 2.0], has_eos [True, False], penalty 1.0 -> [1.0, 1.0].
+    Example: scores [1.0, 2.0], has_eos [True, False], penalty 1.0 -> [1.0, 1.0];
+    with missing_eos_score -1.0 instead -> [1.0, -1.0].
     """
     check_tensor("scores", scores, ndim=1)
     check_float(scores=scores)
-    out = scores.clone()
+    if missing_eos_penalty is not None and missing_eos_score is not None:
+        raise ValueError("give missing_eos_penalty or missing_eos_score, not both")
+    out = scores * gain + bias
+    if missing_eos_penalty is not None or missing_eos_score is not None:
+        if has_eos is None or has_eos.shape != scores.shape:
+            raise ValueError("`has_eos` must be a (B,) bool tensor when a missing_eos_penalty or missing_eos_score is given")
     if missing_eos_penalty is not None:
         penalty = check_range("missing_eos_penalty", missing_eos_penalty, low=0.0)
-        if has_eos is None or has_eos.shape != scores.shape:
-            raise ValueError("`has_eos` must be a (B,) bool tensor when a missing_eos_penalty is given")
         out = torch.where(has_eos.bool(), out, out - penalty)
+    if missing_eos_score is not None:
+        out = torch.where(has_eos.bool(), out, torch.full_like(out, float(missing_eos_score)))
     if normalize:
         if out.numel() < 2:
             raise ValueError("normalizing scores needs at least 2 responses in the batch")
         out = (out - out.mean()) / (out.std() + eps)
     return out
+
+
+def reference_normalization(scores: torch.Tensor, mode: str = "mean-std", eps: float = 1e-8) -> tuple[float, float]:
+    """(gain, bias) such that `gain * scores + bias` has mean 0 (and std 1 for "mean-std").
+
+    Args:
+        scores: (N,) scores of the reference policy's responses, N >= 2.
+        mode: "mean-std" (OpenAI 2019: mean 0, unbiased std 1) or "mean" (centre only, gain 1;
+            N+ centres the SFT reference summaries at 0).
+
+    Computed once before training and then fixed, unlike `adjust_scores(normalize=True)`,
+    which re-centres every batch and so moves the critic's targets at every iteration.
+
+    Example: scores [1.0, 3.0], "mean-std" -> gain 1/sqrt(2), bias -2/sqrt(2).
+    """
+    check_tensor("scores", scores, ndim=1)
+    check_float(scores=scores)
+    if mode not in ("mean-std", "mean"):
+        raise ValueError(f"mode = {mode!r} is not allowed; valid values are: 'mean-std', 'mean'")
+    if scores.numel() < 2:
+        raise ValueError("reference_normalization needs at least 2 scores")
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError("reference_normalization got nan or inf scores from the reward")
+    s = scores.double()
+    mean, std = s.mean().item(), s.std().item()
+    if mode == "mean-std" and std < 1e-12:
+        raise ValueError(f"the {scores.numel()} reference scores are all equal ({mean:g}): there is no spread to scale to std 1; use mode 'mean'")
+    gain = 1.0 / (std + eps) if mode == "mean-std" else 1.0
+    return gain, -mean * gain

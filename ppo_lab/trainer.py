@@ -56,10 +56,10 @@ from .losses import ppo_loss
 from .masked import masked_whiten
 from .metrics import health_message, mean_metrics, rollout_metrics, rollout_problems, weight_norm, weights_problem
 from .models import PolicyWithValueHead
-from .rewards import check_scores
+from .rewards import check_scores, reads_token_ids, score_responses
 from .rollout import Rollout, critic_values, generate, response_logits, score_tokens
 from .run_output import RunOutput, save_policy
-from .shaping import adjust_scores, shape_rewards
+from .shaping import adjust_scores, reference_normalization, shape_rewards
 
 class PPOTrainer:
     """PPO for a causal LM. Everything not passed in is built from `config`.
@@ -97,6 +97,9 @@ class PPOTrainer:
         # Old log-probs from the sampling logits save a forward; in half precision the cached
         # and the full forward disagree by ~1e-2 nats, so they are recomputed there.
         self.old_logprobs_from = cfg.old_logprobs if cfg.old_logprobs != "auto" else ("sampling" if cfg.precision == "fp32" else "forward")
+        # a reward model with the policy's tokenizer reads the sampled ids, EOS included (rewards.py)
+        self.reward_by_ids = reads_token_ids(self.reward_fn, self.tokenizer)
+        self.score_gain, self.score_bias = 1.0, 0.0  # reference_score_norm's fixed map (set below)
 
         self.iteration, self.bad_updates = 0, 0
         self.history: list[dict] = []
@@ -104,7 +107,9 @@ class PPOTrainer:
         self.run_id = uuid.uuid4().hex  # a resumed run takes its checkpoint's
         self.resumed_from: Path | None = None
         if cfg.resume_from:
-            self.resume(cfg.resume_from)
+            self.resume(cfg.resume_from)  # (restores the score gain and bias too)
+        elif cfg.reference_score_norm != "none":
+            self.score_gain, self.score_bias = reference_normalization(self.reference_scores(cfg.reference_score_samples), cfg.reference_score_norm)
 
     # --- helpers ---------------------------------------------------------------------------
     def bare(self, model):
@@ -158,8 +163,8 @@ class PPOTrainer:
                 old_logprobs=drawn.old_logprobs, entropy=drawn.entropy, values=drawn.values, batch_size=self.config.forward_batch_size,
             )
         responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
-        scores = check_scores(self.reward_fn(mine, responses), len(mine), f"reward {self.reward_name}", finite=False).to(self.device)
-        has_eos = torch.isin(drawn.response_ids, torch.tensor(self.sampling.stop_ids, dtype=torch.long, device=self.device)).any(dim=1)
+        scores = self.score(mine, responses, drawn).to(self.device)
+        has_eos = drawn.ended
         parts = dict(
             responses=responses, query_ids=drawn.query_ids, query_mask=drawn.query_mask, response_ids=drawn.response_ids, mask=drawn.mask,
             old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values, entropy=entropy, scores=scores, has_eos=has_eos,
@@ -168,15 +173,42 @@ class PPOTrainer:
         group_ids = torch.arange(len(prompts), device=self.device).repeat_interleave(k)
         return Rollout(prompts=repeated, group_ids=group_ids, **parts)
 
+    def score(self, prompts: list[str], responses: list[str], drawn) -> torch.Tensor:
+        """(B,) raw scores of `drawn` (a `rollout.Sample`) from the reward, checked; nan and inf
+        are left for `step`. See `rewards.score_responses` for how the reward is called."""
+        raw = score_responses(self.reward_fn, prompts, responses, drawn, self.reward_by_ids)
+        return check_scores(raw, len(prompts), f"reward {self.reward_name}", finite=False)
+
+    @torch.no_grad()
+    def reference_scores(self, n: int) -> torch.Tensor:
+        """(n,) scores of the reference policy's responses to n training prompts (cycled), with
+        draws of their own; what `reference_score_norm` fits its gain and bias to. Sampled from
+        the policy before any update, which is the reference then (the adapter is still zero
+        under LoRA)."""
+        prompts = [self.train_prompts[i % len(self.train_prompts)] for i in range(n)]
+        lo, hi = dist.shard(self.accelerator, n)
+        uniforms = torch.rand(n, self.sampling.max_new_tokens, generator=draws(self.config.seed, None, "reference"))[lo:hi]
+        self._modes(training=False)
+        with self.accelerator.autocast():
+            drawn = generate(self.lm, self.tokenizer, prompts[lo:hi], self.sampling, device=self.device, uniforms=uniforms)
+        responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
+        scores = self.score(prompts[lo:hi], responses, drawn).to(self.device)
+        return dist.gather(self.accelerator, scores).cpu()
+
     # --- 2. shape the rewards, estimate the advantages --------------------------------------
     def advantages(self, ro: Rollout):
         """(rewards, advantages, returns), each (B, T): the score on the last token minus the KL
         penalty on every token (chapter 5), then the configured estimator (chapters 4, 10). The
         critic's targets use `critic_lam` when it is set (VAPO's decoupled lambda)."""
         cfg = self.config
-        scores = adjust_scores(ro.scores, ro.has_eos, cfg.missing_eos_penalty, cfg.score_norm)
+        scores = adjust_scores(
+            ro.scores, ro.has_eos, cfg.missing_eos_penalty, cfg.score_norm,
+            missing_eos_score=cfg.missing_eos_score, gain=self.score_gain, bias=self.score_bias,
+        )
         kl_coef = self.kl_ctl.value if cfg.kl_in == "reward" else 0.0
         rewards = shape_rewards(scores, ro.old_logprobs, ro.ref_logprobs, ro.mask, kl_coef, cfg.kl_estimator, cfg.score_clip)
+        if cfg.whiten_rewards:  # std 1, mean kept: the sign of the KL penalty survives (OpenAI 2019)
+            rewards = masked_whiten(rewards, ro.mask, shift_mean=False)
         advantages, returns = self.estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=cfg.gamma, lam=cfg.lam)
         if cfg.critic_lam is not None and cfg.critic_lam != cfg.lam:
             _, returns = self.estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=cfg.gamma, lam=cfg.critic_lam)
@@ -230,7 +262,8 @@ class PPOTrainer:
                     for key, value in metrics.items():
                         step_metrics.setdefault(key, []).append(value)
                 # taken after DDP's all-reduce: every process sees the same norm and decides alike
-                norm = torch.as_tensor(acc.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)).detach().float().to(self.device)
+                grad_norms = self.clip_gradients(params)
+                norm = torch.stack(list(grad_norms.values())).norm()  # finite iff every one is
                 # Early stop on a target KL (Stable-Baselines3's `target_kl`): this minibatch's
                 # approx KL, measured before its step, says how far the steps so far moved the
                 # policy from the one that sampled the batch; past target_kl, no further step is
@@ -254,13 +287,26 @@ class PPOTrainer:
                     else:
                         self._skipped.append(("gradients", "policy/grad_norm", f"{norm_value}" + (f"; non-finite: {', '.join(bad)}" if bad else "")))
                     continue
-                for key, values in [*step_metrics.items(), ("policy/grad_norm", [norm])]:
+                for key, values in [*step_metrics.items(), *((k, [v]) for k, v in grad_norms.items())]:
                     collected.setdefault(key, []).extend(values)
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 counts["policy/steps"] += 1
         return {**mean_metrics(collected, lambda t: dist.mean_over_processes(acc, t)), **counts}
+
+    def clip_gradients(self, params: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Clip the gradients to `max_grad_norm`; return their norms before clipping, as metrics:
+        "policy/grad_norm" of all of `params` together (grad_clip_scope = "global"), or that of the
+        policy's and "critic/grad_norm" of the critic's (or value head's), each clipped alone."""
+        cfg, acc = self.config, self.accelerator
+        limit = cfg.max_grad_norm or math.inf
+        groups = [group["params"] for group in self.optimizer.param_groups]
+        if cfg.grad_clip_scope == "global" or len(groups) == 1:
+            return {"policy/grad_norm": torch.as_tensor(acc.clip_grad_norm_(params, limit)).detach().float().to(self.device)}
+        acc.unscale_gradients()  # (fp16: once for the whole optimizer, before either norm)
+        norms = [torch.nn.utils.clip_grad_norm_(group, limit).detach().float().to(self.device) for group in groups]
+        return {"policy/grad_norm": norms[0], "critic/grad_norm": norms[1]}
 
     # --- one iteration: rollout -> shape -> advantages -> update -> log ---------------------
     def step(self) -> dict[str, float]:
@@ -324,9 +370,9 @@ class PPOTrainer:
         uniforms = torch.rand(len(prompts), self.sampling.max_new_tokens, generator=draws(self.config.seed if seed is None else seed, None, "eval"))
         self._modes(training=False)
         with self.accelerator.autocast():
-            response_ids = generate(self.lm, self.tokenizer, prompts, self.sampling, device=self.device, uniforms=uniforms).response_ids
-        responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        scores = check_scores(self.reward_fn(prompts, responses), len(prompts), f"reward {self.reward_name}", finite=False)
+            drawn = generate(self.lm, self.tokenizer, prompts, self.sampling, device=self.device, uniforms=uniforms)
+        responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
+        scores = self.score(prompts, responses, drawn)
         return [{"iteration": self.iteration, "prompt": p, "response": r, "score": s} for p, r, s in zip(prompts, responses, scores.tolist())]
 
     def train(self, iterations: int | None = None) -> list[dict]:

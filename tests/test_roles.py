@@ -121,13 +121,17 @@ def test_learned_reward_model_end_to_end(tiny_path, tmp_path):
     from ppo_lab.tasks import SentimentTask
 
     pairs = preference_pairs(SentimentTask(), 700, seed=0)
-    metrics = train_reward_model(pairs[:500], tmp_path / "rm", steps=150)
+    metrics = train_reward_model(pairs[:500], tmp_path / "rm", epochs=10)
     assert metrics["reward_model/accuracy"] > 0.9
     rm = SequenceClassifierReward(str(tmp_path / "rm"))
     held = pairs[500:]
-    chosen = rm([p.prompt for p in held], [p.chosen for p in held])
-    rejected = rm([p.prompt for p in held], [p.rejected for p in held])
+    ended = [True] * len(held)
+    chosen = rm([p.prompt for p in held], [p.chosen for p in held], ended=ended)
+    rejected = rm([p.prompt for p in held], [p.rejected for p in held], ended=ended)
     assert (chosen > rejected).float().mean() > 0.85
+    # read one token early (no EOS appended), the same model ranks the pairs much worse
+    early = rm([p.prompt for p in held], [p.chosen for p in held]) > rm([p.prompt for p in held], [p.rejected for p in held])
+    assert early.float().mean() < (chosen > rejected).float().mean() - 0.05
     critic = load_critic(str(tmp_path / "rm"))
     assert torch.equal(critic.head.weight, rm.model.score.weight)  # the head came along
     cfg = small_config(tmp_path, reward=str(tmp_path / "rm"), critic_model=str(tmp_path / "rm"), total_iterations=1)

@@ -1,0 +1,373 @@
+"""The implementation details of the published RLHF recipes (README, "Details of the published
+recipes"): OpenAI 2019 (lm-human-preferences), N+ (TL;DR) and the 37 PPO details. Each test
+names the detail it backs."""
+
+import json
+from pathlib import Path
+import math
+
+import pytest
+import torch
+
+from conftest import small_config
+from ppo_lab.masked import masked_whiten, response_mask
+from ppo_lab.rewards import SequenceClassifierReward, encode_pairs, sequence_scores
+from ppo_lab.rollout import Sampling, generate
+from ppo_lab.shaping import adjust_scores, reference_normalization, shape_rewards
+from ppo_lab.trainer import PPOTrainer
+
+# --- the truncation window (OpenAI 2019: a period at response position >= 16) ------------------
+
+
+def _slow_window_mask(ids: list[int], stops: set[int], after: int) -> list[float]:
+    out, done = [], False
+    for t, token in enumerate(ids):
+        out.append(0.0 if done else 1.0)
+        if token in stops and t >= after:
+            done = True
+    return out
+
+
+@pytest.mark.parametrize("after", [0, 1, 3, 6])
+def test_response_mask_window_against_a_loop(after):
+    g = torch.Generator().manual_seed(after)
+    ids = torch.randint(0, 5, (40, 7), generator=g)
+    got = response_mask(ids, [1, 3], stop_after=after)
+    want = torch.tensor([_slow_window_mask(row, {1, 3}, after) for row in ids.tolist()])
+    assert torch.equal(got, want)
+
+
+def test_window_decides_where_a_response_ends_not_what_is_sampled(tiny_path):
+    """With the same draws, a response cut by the window is a prefix of the uncut one: the
+    window changes no logit, so the sampled tokens (and the PPO ratio) are those of the policy."""
+    from ppo_lab.models import load_policy, load_tokenizer
+
+    tok, lm = load_tokenizer("builtin:tiny"), load_policy("builtin:tiny")
+    prompts = ["the movie was", "this food is", "the story is"] * 4
+    u = torch.rand(len(prompts), 10, generator=torch.Generator().manual_seed(0))
+    period = tok.convert_tokens_to_ids(".")
+    full = generate(lm, tok, prompts, Sampling(max_new_tokens=10), uniforms=u)
+    cut = generate(lm, tok, prompts, Sampling(max_new_tokens=10, stop_ids=(tok.eos_token_id, period), stop_after=3), uniforms=u)
+    early = 0
+    for i in range(len(prompts)):
+        n = int(cut.mask[i].sum())
+        assert torch.equal(cut.response_ids[i, :n], full.response_ids[i, :n])
+        stops = [t for t in range(n) if int(cut.response_ids[i, t]) in (tok.eos_token_id, period)]
+        early += any(t < 3 for t in stops)
+        assert cut.ended[i] == (stops[-1:] != [] and stops[-1] == n - 1 and n - 1 >= 3)
+    assert early > 0  # the case under test happened: a stop token before the window was kept
+
+
+def test_stop_after_is_checked():
+    with pytest.raises(ValueError, match=r"stop_after = 8 leaves no position"):
+        small_config(Path("."), stop_after=8)
+    with pytest.raises(ValueError, match=r"Sampling.stop_after = 4 must be in \[0, max_new_tokens = 4\)"):
+        Sampling(max_new_tokens=4, stop_after=4)
+
+
+# --- the score of a response without EOS, and the fixed reference normalisation ---------------
+
+
+def test_missing_eos_score_replaces_and_penalty_subtracts():
+    scores, eos = torch.tensor([0.5, 2.0, -3.0]), torch.tensor([True, False, False])
+    assert adjust_scores(scores, eos, missing_eos_score=-1.0).tolist() == [0.5, -1.0, -1.0]
+    assert adjust_scores(scores, eos, missing_eos_penalty=1.0).tolist() == [0.5, 1.0, -4.0]
+    # the gain and bias come first; the replacement is on the normalised scale
+    assert adjust_scores(scores, eos, missing_eos_score=-1.0, gain=2.0, bias=1.0).tolist() == [2.0, -1.0, -1.0]
+    with pytest.raises(ValueError, match="not both"):
+        adjust_scores(scores, eos, missing_eos_penalty=1.0, missing_eos_score=-1.0)
+    with pytest.raises(ValueError, match="set one of them"):
+        small_config(Path("."), missing_eos_penalty=1.0, missing_eos_score=-1.0)
+
+
+@pytest.mark.parametrize("mode", ["mean-std", "mean"])
+def test_reference_normalization_against_the_formula(mode):
+    s = torch.randn(50, generator=torch.Generator().manual_seed(3)) * 4 + 7
+    gain, bias = reference_normalization(s, mode)
+    mapped = [gain * x + bias for x in s.tolist()]
+    mean = sum(mapped) / len(mapped)
+    std = math.sqrt(sum((x - mean) ** 2 for x in mapped) / (len(mapped) - 1))
+    assert mean == pytest.approx(0.0, abs=1e-9)
+    assert std == pytest.approx(1.0 if mode == "mean-std" else float(s.double().std()), rel=1e-6)
+    with pytest.raises(ValueError, match="all equal"):
+        reference_normalization(torch.ones(4))
+    with pytest.raises(ValueError, match="nan or inf"):
+        reference_normalization(torch.tensor([1.0, float("nan")]))
+
+
+def test_reference_score_norm_is_fitted_once_and_resumed(tiny_path, tmp_path, monkeypatch):
+    cfg = small_config(tmp_path, reference_score_norm="mean-std", reference_score_samples=32, save_interval=1, eval_interval=1)
+    trainer = PPOTrainer(cfg)
+    ref = trainer.reference_scores(32)
+    assert float((ref * trainer.score_gain + trainer.score_bias).mean()) == pytest.approx(0.0, abs=1e-5)
+    assert float((ref * trainer.score_gain + trainer.score_bias).std()) == pytest.approx(1.0, rel=1e-4)
+    assert trainer.score_gain != 1.0
+    trainer.train(1)
+    ro = trainer.rollout(trainer.next_prompts())  # the map reaches the rewards: score at the last token
+    rewards, _, _ = trainer.advantages(ro)
+    want = shape_rewards(ro.scores * trainer.score_gain + trainer.score_bias, ro.old_logprobs, ro.ref_logprobs, ro.mask, trainer.kl_ctl.value)
+    assert torch.allclose(rewards, want, atol=1e-6)
+    monkeypatch.setattr(PPOTrainer, "reference_scores", lambda self, n: pytest.fail("a resumed run refitted the normalisation"))
+    resumed = PPOTrainer(small_config(tmp_path, reference_score_norm="mean-std", reference_score_samples=32, resume_from="latest"))
+    assert (resumed.score_gain, resumed.score_bias) == (trainer.score_gain, trainer.score_bias)
+
+
+# --- reward whitening (OpenAI 2019) ------------------------------------------------------------
+
+
+def test_whiten_rewards_scales_the_shaped_rewards_and_keeps_their_mean(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, whiten_rewards=True))
+    ro = trainer.rollout(trainer.next_prompts())
+    rewards, advantages, _ = trainer.advantages(ro)
+    raw = shape_rewards(ro.scores, ro.old_logprobs, ro.ref_logprobs, ro.mask, trainer.kl_ctl.value)
+    real = ro.mask.bool()
+    x = raw[real].double()
+    want = (x - x.mean()) / torch.sqrt(x.var() + 1e-8) + x.mean()  # whiten(rewards, shift_mean=False)
+    assert torch.allclose(rewards[real].double(), want, atol=1e-5)
+    assert float(rewards[real].mean()) == pytest.approx(float(x.mean()), abs=1e-5)
+    assert torch.equal(rewards[~real], torch.zeros_like(rewards[~real]))
+    plain, _, _ = PPOTrainer(small_config(tmp_path / "b")).advantages(ro)
+    assert not torch.allclose(plain, rewards)
+
+
+# --- the optimizer: Adam's epsilon, clipping per model ------------------------------------------
+
+
+def test_adam_eps_reaches_the_optimizer(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, adam_eps=1e-5))
+    assert {group["eps"] for group in trainer.optimizer.param_groups} == {1e-5}
+
+
+@pytest.mark.parametrize("critic", ["separate", "shared"])
+def test_per_model_clipping_leaves_the_policy_step_alone(tiny_path, tmp_path, critic):
+    """A critic gradient 1000x the policy's: one global norm shrinks the policy's gradient with
+    it; per-model clipping leaves it as it was (below the limit) and clips the critic's alone."""
+    norms = {}
+    for scope in ("global", "per-model"):
+        trainer = PPOTrainer(small_config(tmp_path / scope, critic=critic, max_grad_norm=1.0, grad_clip_scope=scope))
+        policy_params, critic_params = (g["params"] for g in trainer.optimizer.param_groups)
+        g = torch.Generator().manual_seed(0)
+        for p in policy_params:
+            p.grad = torch.randn(p.shape, generator=g)
+        for p in critic_params:
+            p.grad = torch.randn(p.shape, generator=g)
+        scale = lambda ps: torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in ps]))  # noqa: E731
+        k_policy, k_critic = 0.5 / scale(policy_params), 500.0 / scale(critic_params)
+        for p in policy_params:
+            p.grad *= k_policy
+        for p in critic_params:
+            p.grad *= k_critic
+        before = [p.grad.clone() for p in policy_params]
+        metrics = trainer.clip_gradients(policy_params + critic_params)
+        norms[scope] = (metrics, scale(policy_params).item(), scale(critic_params).item())
+        if scope == "per-model":
+            assert all(torch.equal(p.grad, b) for p, b in zip(policy_params, before))
+    (m_global, pol_global, crit_global), (m_per, pol_per, crit_per) = norms["global"], norms["per-model"]
+    assert set(m_global) == {"policy/grad_norm"} and m_global["policy/grad_norm"].item() == pytest.approx(math.hypot(0.5, 500.0), rel=1e-4)
+    assert pol_global == pytest.approx(0.5 / math.hypot(0.5, 500.0), rel=1e-3)  # the policy's step shrank 1000x
+    assert crit_global == pytest.approx(500.0 / math.hypot(0.5, 500.0), rel=1e-3)
+    assert m_per["policy/grad_norm"].item() == pytest.approx(0.5, rel=1e-4) and m_per["critic/grad_norm"].item() == pytest.approx(500.0, rel=1e-4)
+    assert pol_per == pytest.approx(0.5, rel=1e-4) and crit_per == pytest.approx(1.0, rel=1e-3)
+
+
+def test_linear_schedule_reaches_zero_at_the_last_step(tiny_path, tmp_path):
+    history = PPOTrainer(small_config(tmp_path, lr_schedule="linear", learning_rate=1e-3, target_kl=None)).train()
+    assert [m["lr"] for m in history] == [pytest.approx(5e-4), 0.0]  # 4 of 8 steps, then all 8
+
+
+def test_per_model_clipping_logs_both_norms(tiny_path, tmp_path):
+    (m,) = PPOTrainer(small_config(tmp_path, grad_clip_scope="per-model", total_iterations=1)).train()
+    assert math.isfinite(m["policy/grad_norm"]) and math.isfinite(m["critic/grad_norm"])
+
+
+# --- the reward model is read at the EOS token it was trained on -------------------------------
+
+
+@pytest.fixture(scope="module")
+def eos_reward_model(tmp_path_factory):
+    """A tiny reward model trained (at the EOS, as train_reward_model does) on VADER pairs."""
+    from ppo_lab.reward_model import preference_pairs, train_reward_model
+    from ppo_lab.tasks import SentimentTask
+
+    folder = tmp_path_factory.mktemp("rm") / "rm"
+    train_reward_model(preference_pairs(SentimentTask(), 300, seed=1), folder, epochs=3)
+    return folder
+
+
+def _read_at(model, ids, att, position):
+    """The head's output at `position` of each right-padded row (a slow reference)."""
+    hidden = model.transformer(input_ids=ids, attention_mask=att)[0]
+    return model.score(hidden[torch.arange(len(ids)), position])[:, -1].float()
+
+
+def test_sequence_scores_reads_the_last_real_token_whatever_the_padding(eos_reward_model):
+    rm = SequenceClassifierReward(str(eos_reward_model))
+    tok, model = rm.tokenizer, rm.model
+    ids, att = encode_pairs(tok, ["the movie was", "it is"], ["good .", "a very bad day ."], ended=[True, True])
+    last = att.sum(1) - 1
+    want = _read_at(model, ids, att, last)
+    assert torch.allclose(sequence_scores(model, ids, att), want, atol=1e-5)
+    assert (ids[torch.arange(2), last] == tok.eos_token_id).all()
+    # the same rows left-padded, and padded with the EOS id itself (pad == eos)
+    left_ids, left_att = torch.zeros_like(ids), torch.zeros_like(att)
+    for i in range(2):
+        n = int(att[i].sum())
+        left_ids[i, -n:], left_att[i, -n:] = ids[i, :n], 1
+    assert torch.allclose(sequence_scores(model, left_ids, left_att), want, atol=1e-5)
+    eos_padded = torch.where(att.bool(), ids, torch.full_like(ids, tok.eos_token_id))
+    assert torch.allclose(sequence_scores(model, eos_padded, att), want, atol=1e-5)
+    # transformers' own pooling finds the last non-pad token: with pad == eos it reads one early
+    model.config.pad_token_id = tok.eos_token_id
+    hf = model(input_ids=eos_padded, attention_mask=att).logits[:, -1]
+    assert torch.allclose(hf, _read_at(model, ids, att, last - 1), atol=1e-5)
+    assert not torch.allclose(hf, want, atol=1e-3)
+
+
+def test_the_trainer_scores_at_the_sampled_eos(eos_reward_model, tmp_path):
+    """The rollout's scores are the reward model read at each response's last real token (its
+    EOS when it ended), from the ids as sampled; reading the decoded and re-tokenised text,
+    as the trainer once did, lands on the word before the EOS and gives other scores."""
+    trainer = PPOTrainer(small_config(tmp_path, reward=str(eos_reward_model), rollout_batch_size=32))
+    assert trainer.reward_by_ids
+    ro = trainer.rollout(trainer.next_prompts())
+    assert bool(ro.has_eos.any())
+    model = trainer.reward_fn.model
+    ids = torch.cat([ro.query_ids, ro.response_ids], 1)
+    att = torch.cat([ro.query_mask, ro.mask.long()], 1)
+    order = torch.sort(1 - att, dim=1, stable=True).indices
+    ids, att = ids.gather(1, order), att.gather(1, order)
+    last = att.sum(1) - 1
+    assert torch.equal(ids[ro.has_eos, last[ro.has_eos]], torch.full_like(last[ro.has_eos], trainer.tokenizer.eos_token_id))
+    assert torch.allclose(ro.scores, _read_at(model, ids, att, last), atol=1e-5)
+    # the old path: the decoded text, re-tokenised, read at its last token (the word before EOS)
+    old = SequenceClassifierReward(str(eos_reward_model))(ro.prompts, ro.responses)
+    assert not torch.allclose(ro.scores[ro.has_eos], old[ro.has_eos], atol=1e-2)
+    # with another tokenizer the text goes through, with that tokenizer's EOS appended: same scores
+    trainer.reward_by_ids = False
+    by_text = trainer.score(ro.prompts, ro.responses, _sample_of(ro))
+    assert torch.allclose(by_text, ro.scores.cpu(), atol=1e-5)
+
+
+def _sample_of(ro):
+    from ppo_lab.rollout import Sample
+
+    return Sample(ro.query_ids, ro.query_mask, ro.response_ids, ro.mask, ro.has_eos)
+
+
+def test_a_python_reward_can_ask_whether_each_response_ended(tiny_path, tmp_path):
+    seen = []
+
+    def reward(prompts, responses, ended):
+        seen.append(list(ended))
+        return [1.0 if e else -1.0 for e in ended]
+
+    trainer = PPOTrainer(small_config(tmp_path), reward_fn=reward)
+    ro = trainer.rollout(trainer.next_prompts())
+    assert seen[-1] == ro.has_eos.tolist()
+    assert ro.scores.tolist() == [1.0 if e else -1.0 for e in ro.has_eos.tolist()]
+
+
+# --- the reward-model trainer --------------------------------------------------------------------
+
+
+def test_reward_head_init_and_linear_annealing():
+    from ppo_lab.reward_model import init_reward_head, linear_to_zero
+
+    head = init_reward_head(torch.nn.Linear(4095, 1, bias=True))
+    assert float(head.weight.detach().std()) == pytest.approx(1 / math.sqrt(4096), rel=0.05)
+    assert float(head.bias.detach().abs().max()) == 0.0
+    f = linear_to_zero(4)
+    assert [f(s) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    with pytest.raises(ValueError, match="total_steps = 0"):
+        linear_to_zero(0)
+
+
+def test_reward_model_normalised_after_training(tmp_path):
+    from ppo_lab.reward_model import preference_pairs, train_reward_model
+    from ppo_lab.tasks import SentimentTask
+
+    pairs = preference_pairs(SentimentTask(), 200, seed=2)
+    prompts, responses = [p.prompt for p in pairs[:64]], [p.chosen for p in pairs[:64]]
+    out = train_reward_model(pairs[64:], tmp_path / "rm", epochs=2, normalize_on=(prompts, responses))
+    rm = SequenceClassifierReward(str(tmp_path / "rm"))
+    assert (rm.gain, rm.bias) == (pytest.approx(out["reward_model/gain"]), pytest.approx(out["reward_model/bias"]))
+    s = rm(prompts, responses, ended=[True] * 64)
+    assert float(s.mean()) == pytest.approx(0.0, abs=1e-4) and float(s.std()) == pytest.approx(1.0, rel=1e-3)
+    with pytest.raises(ValueError, match="epochs = 0"):
+        train_reward_model(pairs, tmp_path / "x", epochs=0)
+
+
+# --- prompts from a file, models at a revision ----------------------------------------------------
+
+
+def test_prompts_from_files(tiny_path, tmp_path):
+    from ppo_lab.build import read_prompts
+
+    (tmp_path / "p.txt").write_text("the movie was\n\nthis food is\n")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"query": "the story is", "id": 1}) + "\n")
+    assert read_prompts(str(tmp_path / "p.txt")) == ["the movie was", "this food is"]
+    assert read_prompts(str(tmp_path / "p.jsonl"), "query") == ["the story is"]
+    with pytest.raises(ValueError, match=r"line 1: no non-empty string under 'prompt' \(has 'query', 'id'\)"):
+        read_prompts(str(tmp_path / "p.jsonl"))
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"line 2: not valid JSON"):
+        read_prompts(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(ValueError, match=r"prompts file '/no/such.txt' does not exist"):
+        read_prompts("/no/such.txt")
+    with pytest.raises(ValueError, match=r"p.jsonl', line 1: no non-empty string under 'prompt'"):
+        PPOTrainer(small_config(tmp_path, prompts_file=str(tmp_path / "p.txt"), eval_prompts_file=str(tmp_path / "p.jsonl")))
+    # the .txt file is read line by line; prompt_field only matters for the .jsonl one
+    trainer = PPOTrainer(small_config(tmp_path, prompts_file=str(tmp_path / "p.txt"), eval_prompts_file=str(tmp_path / "p.jsonl"), prompt_field="query"))
+    assert (trainer.train_prompts, trainer.eval_prompts) == (["the movie was", "this food is"], ["the story is"])
+    assert set(trainer.next_prompts()) <= {"the movie was", "this food is"}
+
+
+def test_model_names_may_carry_a_revision(monkeypatch):
+    from ppo_lab import models
+
+    assert models.split_revision("org/model@branch_1") == ("org/model", "branch_1")
+    assert models.split_revision("org/model") == ("org/model", None)
+    assert models.split_revision("./local@folder") == ("./local@folder", None)
+    with pytest.raises(ValueError, match="both parts non-empty"):
+        models.split_revision("org/model@")
+    calls = []
+
+    class Loader:
+        __name__ = "AutoTokenizer"
+
+        @staticmethod
+        def from_pretrained(path, **kwargs):
+            calls.append((path, kwargs))
+            return "ok"
+
+    Loader.__name__ = "AutoTokenizer"
+    assert models.load_pretrained(Loader, "org/model@sft__44413", "tokenizer") == "ok"
+    assert calls == [("org/model", {"revision": "sft__44413"})]
+
+
+# --- the offline recipe preset ---------------------------------------------------------------------
+
+
+def test_the_offline_recipe_preset_trains_end_to_end(tiny_path, tmp_path):
+    """tiny-rlhf-recipe (every detail above at once) trains with evaluation and checkpoints,
+    and resumes without refitting the score normalisation."""
+    from ppo_lab import PPOConfig
+
+    cfg = PPOConfig.from_yaml("tiny-rlhf-recipe", output_dir=str(tmp_path / "run"), total_iterations=3, eval_interval=1, save_interval=1, progress_bar=False, reference_score_samples=32)
+    trainer = PPOTrainer(cfg)
+    history = trainer.train()
+    assert len(history) == 3 and all(math.isfinite(m["reward/score_mean"]) for m in history)
+    assert all(m["policy/steps"] == 4 for m in history)  # one minibatch per epoch, no early stop
+    assert (tmp_path / "run" / "policy").is_dir() and (tmp_path / "run" / "samples.jsonl").is_file()
+    assert trainer.score_gain != 1.0
+    resumed = PPOTrainer(PPOConfig.from_yaml("tiny-rlhf-recipe", output_dir=str(tmp_path / "run"), total_iterations=4, eval_interval=1, save_interval=1, progress_bar=False, reference_score_samples=32, resume_from="latest"))
+    assert (resumed.score_gain, resumed.score_bias) == (trainer.score_gain, trainer.score_bias)
+    history = resumed.train()
+    assert [m["iteration"] for m in history] == [1, 2, 3, 4]
+
+
+def test_masked_whiten_keeps_the_mean_when_asked(gen):
+    x, m = torch.randn(4, 6, generator=gen), torch.ones(4, 6)
+    m[0, 3:] = 0
+    w = masked_whiten(x, m, shift_mean=False)
+    assert float(w[m.bool()].mean()) == pytest.approx(float(x[m.bool()].mean()), abs=1e-6)
