@@ -8,12 +8,18 @@ import torch
 from ppo_lab import PPOConfig, PPOTrainer
 
 
-def run(output_dir: str, accumulation: int) -> dict:
+# the published recipes' details (reference normalisation sampled in shards, reward whitening,
+# per-model clipping after the all-reduce, the replacement score) on top of the base run
+RECIPE = dict(reference_score_norm="mean-std", reference_score_samples=16, whiten_rewards=True, grad_clip_scope="per-model", missing_eos_score=-1.0, max_grad_norm=0.5)
+
+
+def run(output_dir: str, accumulation: int, variant: str = "base") -> dict:
     torch.set_num_threads(1)
     cfg = PPOConfig(
         rollout_batch_size=16, minibatch_size=8, ppo_epochs=2, max_new_tokens=8, total_iterations=2,
         eval_interval=0, progress_bar=False, output_dir=output_dir, overwrite_output_dir=True,
         gradient_accumulation_steps=accumulation, lr_schedule="linear", kl_control="adaptive", kl_horizon=64,
+        **(RECIPE if variant == "recipe" else {}),
     )
     trainer = PPOTrainer(cfg)
     history = trainer.train()
@@ -22,13 +28,14 @@ def run(output_dir: str, accumulation: int) -> dict:
         "processes": trainer.accelerator.num_processes,
         "history": history,
         "kl_coef": trainer.kl_ctl.value,
+        "score_map": [trainer.score_gain, trainer.score_bias],
         "weights": {k: v.double().sum().item() for k, v in weights.items()},
         "is_main": trainer.accelerator.is_main_process,
     }
 
 
 if __name__ == "__main__":
-    result = run(sys.argv[1], int(sys.argv[2]))
+    result = run(sys.argv[1], int(sys.argv[2]), sys.argv[4] if len(sys.argv) > 4 else "base")
     if result.pop("is_main"):
         with open(sys.argv[3], "w") as fh:
             json.dump(result, fh)

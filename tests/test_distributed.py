@@ -21,7 +21,8 @@ def _free_port() -> int:
 
 
 @pytest.mark.timeout(600)
-def test_two_processes_equal_one_with_the_same_global_batch(tiny_path, tmp_path):
+@pytest.mark.parametrize("variant", ["base", "recipe"])
+def test_two_processes_equal_one_with_the_same_global_batch(tiny_path, tmp_path, variant):
     sys.path.insert(0, str(HERE))
     from distributed_run import run
 
@@ -32,12 +33,12 @@ def test_two_processes_equal_one_with_the_same_global_batch(tiny_path, tmp_path)
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), str(HERE / "distributed_run.py"), str(tmp_path / "run2"), "1", str(out),
+        "--main_process_port", str(_free_port()), str(HERE / "distributed_run.py"), str(tmp_path / "run2"), "1", str(out), variant,
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = json.loads(out.read_text())
-    one = run(str(tmp_path / "run1"), 2)
+    one = run(str(tmp_path / "run1"), 2, variant)
 
     assert two["processes"] == 2 and one["processes"] == 1
     # metrics are reduced over processes: the losses, clip fractions, whitened advantages, KL
@@ -49,5 +50,7 @@ def test_two_processes_equal_one_with_the_same_global_batch(tiny_path, tmp_path)
         for key in a:
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     assert two["kl_coef"] == pytest.approx(one["kl_coef"], rel=1e-6)
+    assert two["score_map"] == pytest.approx(one["score_map"], rel=1e-6)
+    assert (one["score_map"] != [1.0, 0.0]) == (variant == "recipe")
     for name, value in one["weights"].items():
         assert two["weights"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), name

@@ -317,9 +317,14 @@ def test_prompts_from_files(tiny_path, tmp_path):
     with pytest.raises(ValueError, match=r"p.jsonl', line 1: no non-empty string under 'prompt'"):
         PPOTrainer(small_config(tmp_path, prompts_file=str(tmp_path / "p.txt"), eval_prompts_file=str(tmp_path / "p.jsonl")))
     # the .txt file is read line by line; prompt_field only matters for the .jsonl one
-    trainer = PPOTrainer(small_config(tmp_path, prompts_file=str(tmp_path / "p.txt"), eval_prompts_file=str(tmp_path / "p.jsonl"), prompt_field="query"))
+    files = dict(prompts_file=str(tmp_path / "p.txt"), eval_prompts_file=str(tmp_path / "p.jsonl"), prompt_field="query")
+    trainer = PPOTrainer(small_config(tmp_path, **files, total_iterations=1, eval_interval=1, save_interval=1))
     assert (trainer.train_prompts, trainer.eval_prompts) == (["the movie was", "this food is"], ["the story is"])
     assert set(trainer.next_prompts()) <= {"the movie was", "this food is"}
+    trainer.train()
+    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
+    assert {s["prompt"] for s in samples} == {"the story is"}
+    assert PPOTrainer(small_config(tmp_path, **files, total_iterations=1, resume_from="latest")).iteration == 1
 
 
 def test_model_names_may_carry_a_revision(monkeypatch):
