@@ -376,3 +376,17 @@ def test_masked_whiten_keeps_the_mean_when_asked(gen):
     m[0, 3:] = 0
     w = masked_whiten(x, m, shift_mean=False)
     assert float(w[m.bool()].mean()) == pytest.approx(float(x[m.bool()].mean()), abs=1e-6)
+
+
+def test_per_model_clipping_unscales_fp16_gradients_once(tiny_path, tmp_path):
+    """Under a loss scaler (fp16 on a GPU, emulated here as test_scale.py does) the gradients are
+    unscaled once before both norms: the norms equal those of the same step without a scaler."""
+    from test_scale import _emulate_fp16_loss_scaling
+
+    plain = PPOTrainer(small_config(tmp_path / "plain", grad_clip_scope="per-model", target_kl=None)).step()
+    trainer = PPOTrainer(small_config(tmp_path / "scaled", grad_clip_scope="per-model", target_kl=None))
+    _emulate_fp16_loss_scaling(trainer, torch.amp.GradScaler("cpu", init_scale=2.0**8))
+    scaled = trainer.step()
+    assert scaled["train/overflow_steps"] == 0.0 and scaled["policy/steps"] == plain["policy/steps"]
+    for key in ("policy/grad_norm", "critic/grad_norm"):
+        assert scaled[key] == pytest.approx(plain[key], rel=1e-4), key
