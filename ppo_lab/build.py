@@ -78,6 +78,8 @@ def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, re
     from .rewards import load_reward
 
     task = None
+    if train_prompts is not None and cfg.prompts_file is not None:
+        raise ValueError(f"training prompts were passed in and PPOConfig.prompts_file = {cfg.prompts_file!r} names others; give one of them")
     if train_prompts is None and cfg.prompts_file is not None:
         train_prompts = read_prompts(cfg.prompts_file, cfg.prompt_field)
         if eval_prompts is None:
@@ -102,8 +104,9 @@ def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, re
 
 
 def read_prompts(path: str, field: str = "prompt") -> list[str]:
-    """The prompts in a file: .jsonl, one JSON object per line with the prompt under `field`;
-    any other suffix, one prompt per line (blank lines skipped). Errors name the file and line."""
+    """The prompts in a file: .jsonl or .json (JSON lines, as `datasets`' `to_json` writes), one
+    JSON object per line with the prompt under `field`; any other suffix, one prompt per line.
+    Blank lines are skipped. Errors name the file and line."""
     import json
     from pathlib import Path
 
@@ -111,14 +114,14 @@ def read_prompts(path: str, field: str = "prompt") -> list[str]:
     if not file.is_file():
         raise ValueError(f"prompts file {path!r} does not exist")
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
+        lines = [line.rstrip("\r") for line in file.read_text(encoding="utf-8-sig").split("\n")]
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"prompts file {path!r} cannot be read as UTF-8 text: {err}") from None
     prompts = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        if file.suffix != ".jsonl":
+        if file.suffix.lower() not in (".jsonl", ".json"):
             prompts.append(line)
             continue
         try:
@@ -243,9 +246,9 @@ def build_optimizer(cfg: PPOConfig, policy, critic):
     head_ids = {id(p) for p in value_head.parameters()} if value_head is not None else set()
     policy_params = [p for p in policy.parameters() if p.requires_grad and id(p) not in head_ids]
     critic_params = [p for p in (critic or value_head or torch.nn.Module()).parameters() if p.requires_grad]
-    groups = [{"params": policy_params}]
+    groups = [{"params": policy_params, "name": "policy"}]  # (the names pick the groups for per-model clipping)
     if critic_params:
-        groups.append({"params": critic_params, "lr": cfg.critic_learning_rate or cfg.learning_rate})
+        groups.append({"params": critic_params, "lr": cfg.critic_learning_rate or cfg.learning_rate, "name": "critic"})
     # The fused kernel updates all tensors in one pass: on a CPU a third of the time of the
     # default one-tensor-at-a-time loop (benchmarks/results/hotspots-*.json).
     params = policy_params + critic_params

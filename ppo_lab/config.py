@@ -68,9 +68,9 @@ class PPOConfig:
     trust_remote_code: bool = _f(False, "Allow model code from the hub to run (off unless you trust the source).")
     # --- task ----------------------------------------------------------------------------
     task: str = _f("sentiment", "Built-in task providing prompts and the gold reward.", ("sentiment", "arithmetic"))
-    prompts_file: str | None = _f(None, "Training prompts from a file instead of the task's: .txt (one prompt per line) or .jsonl (one object per line, the prompt under prompt_field).")
+    prompts_file: str | None = _f(None, "Training prompts from a file instead of the task's: .jsonl or .json (JSON lines, the prompt under prompt_field), anything else one prompt per line.")
     eval_prompts_file: str | None = _f(None, "Eval prompts from a file (same formats); default: the task's eval prompts, or the training prompts when prompts_file is given.")
-    prompt_field: str = _f("prompt", "The key of the prompt in each line of a .jsonl prompts file (the TL;DR data of N+ calls it query).")
+    prompt_field: str = _f("prompt", "The key of the prompt in each line of a .jsonl or .json prompts file (the TL;DR data of N+ calls it query).")
     # --- generation ----------------------------------------------------------------------
     max_new_tokens: int = _f(12, "Most tokens generated per response.", low=1)
     temperature: float = _f(1.0, "Sampling temperature; the same value is used in every log-prob forward.", low=0.0, low_open=True)
@@ -96,8 +96,8 @@ class PPOConfig:
     adam_eps: float = _f(1e-8, "AdamW epsilon (PyTorch's default 1e-8; the published RLHF recipes use 1e-5).", low=0.0, low_open=True)
     critic_learning_rate: float | None = _f(None, "The critic's own learning rate (separate or shared critic's value head); None = learning_rate.", low=0.0, low_open=True)
     value_warmup_iterations: int = _f(0, "Iterations at the start of the run that train only the critic (the policy is not updated; VAPO's value pretraining).", low=0)
-    max_grad_norm: float | None = _f(1.0, "Clip the gradient norm to this value (None = no clipping).", low=0.0, low_open=True)
-    grad_clip_scope: str = _f("global", "Which gradients one norm covers: global, policy and critic together (CleanRL, TRL); per-model, the policy's and the critic's (or value head's) clipped each on its own (verl, OpenRLHF), so a large critic gradient does not shrink the policy's step.", ("global", "per-model"))
+    max_grad_norm: float | None = _f(1.0, "Clip the gradient norm to this value (None = no clipping); one norm, or one per model (grad_clip_scope).", low=0.0, low_open=True)
+    grad_clip_scope: str = _f("global", "Which gradients one norm covers: global, policy and critic together (CleanRL); per-model, the policy's and the critic's (or value head's) clipped each on its own (verl, OpenRLHF), so a large critic gradient does not shrink the policy's step.", ("global", "per-model"))
     # --- PPO losses ----------------------------------------------------------------------
     policy_loss: str = _f("clip", "Policy loss from the registry (ppo_lab.losses): clip, the clipped surrogate; kl_penalty, the adaptive KL penalty to the old policy (PPO-penalty); or one registered by you.")
     penalty_beta: float = _f(1.0, "Initial beta of PPO-penalty (policy_loss = kl_penalty).", low=0.0)
@@ -126,10 +126,10 @@ class PPOConfig:
     kl_horizon: float = _f(10000.0, "Horizon of the adaptive controller, in responses.", low=0.0, low_open=True)
     score_clip: float | None = _f(None, "Clip scores to [-score_clip, score_clip] (None = off).", low=0.0, low_open=True)
     score_norm: bool = _f(False, "Normalise scores to mean 0, std 1 over each rollout batch.")
-    missing_eos_penalty: float | None = _f(None, "Subtract this from the score of a response with no EOS (None = off).", low=0.0)
-    missing_eos_score: float | None = _f(None, "Replace the score of a response with no EOS by this value (N and N+: -1; None = off).")
+    missing_eos_penalty: float | None = _f(None, "Subtract this from the score of a response that ran out of tokens: no stop token (EOS or stop_token) at a position >= stop_after (None = off).", low=0.0)
+    missing_eos_score: float | None = _f(None, "Replace the score of a response that ran out of tokens (no stop token at a position >= stop_after) by this value (N and N+: -1; None = off).")
     reference_score_norm: str = _f("none", "Fix a gain and bias once, before training, from the scores of the reference policy's responses: mean-std gives them mean 0 and std 1 (OpenAI 2019), mean gives them mean 0 (N+ centres its SFT references); none = off.", ("none", "mean-std", "mean"))
-    reference_score_samples: int = _f(256, "Responses sampled from the reference policy (over the training prompts) to fit reference_score_norm.", low=2)
+    reference_score_samples: int = _f(256, "Responses sampled from the reference policy, to prompts drawn at random from the training prompts, to fit reference_score_norm.", low=2)
     # --- run -----------------------------------------------------------------------------
     seed: int = _f(0, "Random seed.")
     precision: str = _f("fp32", "Mixed precision (bf16/fp16 on GPU; master weights and loss math stay fp32).", ("fp32", "bf16", "fp16"))
@@ -195,6 +195,8 @@ class PPOConfig:
             raise ValueError("PPOConfig.missing_eos_penalty and missing_eos_score both handle a response with no EOS; set one of them")
         if self.missing_eos_score is not None and not math.isfinite(self.missing_eos_score):
             raise ValueError(f"PPOConfig.missing_eos_score = {self.missing_eos_score!r} must be a finite number (or None)")
+        if self.ignore_eos and (self.missing_eos_penalty is not None or self.missing_eos_score is not None):
+            raise ValueError("PPOConfig.ignore_eos never lets a response stop, so missing_eos_penalty or missing_eos_score would hit every response; set them to None")
         if self.stop_after and self.stop_after >= self.max_new_tokens:
             raise ValueError(f"PPOConfig.stop_after = {self.stop_after} leaves no position where a response could stop (max_new_tokens = {self.max_new_tokens})")
         if self.advantage_estimator in ("rloo", "grpo") and self.responses_per_prompt < 2:

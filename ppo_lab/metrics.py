@@ -12,8 +12,9 @@ The objective metrics follow the rewards the advantages were computed from (chap
     objective/non_score_reward = mean_b  -kl_coef * sum_t KL_est[b, t]      (kl_estimator)
     objective/rlhf_reward      = mean_b  (score'_b - kl_coef * sum_t KL_est[b, t])
 
-with score' the score the rewards were shaped from (after `missing_eos_penalty`, `score_norm`
-and `score_clip`); with `kl_in="reward"` the second is exactly the mean summed shaped reward.
+with score' the score the rewards were shaped from (after the `reference_score_norm` gain and
+bias, `missing_eos_score` or `missing_eos_penalty`, `score_norm` and `score_clip`); with
+`kl_in="reward"` the second is exactly the mean summed shaped reward (before `whiten_rewards`).
 `objective/kl` is always the k1 estimate sum_t (log pi_old - log pi_ref), the plain log-ratio
 whose mean over samples is the sequence KL, whatever estimator shapes the reward.
 """

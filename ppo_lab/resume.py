@@ -79,8 +79,12 @@ def load_trainer_checkpoint(trainer, where: str | Path) -> Path:
     if trainer.penalty_ctl is not None and state["penalty_ctl"] is not None:
         trainer.penalty_ctl.load_state_dict(state["penalty_ctl"])
     trainer.run_id = state.get("run_id", trainer.run_id)
-    if "score_map" not in state and trainer.config.reference_score_norm != "none":
-        raise ValueError(f"checkpoint {str(path)!r} holds no reference_score_norm gain and bias; resume it with reference_score_norm = 'none'")
+    saved_norm = state["config"].get("reference_score_norm", "none")
+    if saved_norm != trainer.config.reference_score_norm:
+        raise ValueError(
+            f"checkpoint {str(path)!r} was trained with reference_score_norm = {saved_norm!r}, this run asks for "
+            f"{trainer.config.reference_score_norm!r}: the scores would change scale mid-run; resume with {saved_norm!r}"
+        )
     trainer.score_gain, trainer.score_bias = state.get("score_map", (1.0, 0.0))  # reference_score_norm's, fitted once
     trainer.iteration, trainer.bad_updates, trainer.history = state["iteration"], state["bad_updates"], state["history"]
     trainer.prompt_stream.load_state_dict(state["prompts"])

@@ -147,7 +147,11 @@ def train_reward_model(
     tokenizer = load_tokenizer(base)
     model = load_pretrained(AutoModelForSequenceClassification, base, "reward model base", new_weights=True, num_labels=1)
     model.config.pad_token_id = tokenizer.pad_token_id
-    init_reward_head(model.score)
+    from .rewards import reads_at_a_token
+
+    if not reads_at_a_token(model):
+        raise ValueError(f"train_reward_model needs a decoder base (a causal LM, which gets a `score` head); {base!r} loads as {type(model).__name__}")
+    init_reward_head(model.score)  # always a new head, even if `base` is a reward model already
     disable_dropout(model).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     per_epoch = math.ceil(len(pairs) / batch_size)

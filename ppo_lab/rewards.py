@@ -6,16 +6,20 @@ different tokenizer from the policy's all plug in the same way; a sequence-class
 is wrapped by `SequenceClassifierReward`. The trainer checks what comes back with
 `check_scores`: one finite number per response, or a ValueError that says what was wrong.
 
-Where a reward model reads its score, decided on purpose: at the LAST REAL TOKEN, found from the
-attention mask, which is the EOS token of a response that ended (`sequence_scores`). A reward
-model trained to score at the EOS (N+, and `ppo_lab.train_reward_model`) is therefore read at
-the token it was trained on. Transformers' own pooling finds the last token that is not the pad
-id, which lands one token early when pad == eos (GPT-2, Pythia, Llama), so it is not used. When
-the reward model shares the policy's tokenizer, the trainer passes the token ids as sampled,
-EOS included (`SequenceClassifierReward.score_ids`, no decode and re-tokenise); with another
-tokenizer the text goes through, with that tokenizer's EOS appended to the responses that
-ended. A Python reward that takes an `ended` keyword receives the same information (a list of
-bools: whether each response ended with a stop token rather than running out of tokens).
+Where a decoder reward model (a `score` head on a backbone: GPT-2, Llama, Qwen, Pythia) reads
+its score, decided on purpose: at the LAST REAL TOKEN, found from the attention mask
+(`sequence_scores`), and a response that ended carries the reward tokenizer's EOS there. A
+reward model trained to score at the EOS (N+, and `ppo_lab.train_reward_model`) is therefore
+read at the token it was trained on. Transformers' own pooling finds the last token that is not
+the pad id, which lands one token early when pad == eos (GPT-2, Pythia, Llama), so it is not
+used. When the reward model shares the policy's tokenizer, the trainer passes the token ids as
+sampled (`SequenceClassifierReward.score_ids`: no decode and re-tokenise; the EOS is appended to
+a response that ended on another stop token, and the tokenizer's BOS, if it adds one, is put
+in front, as in training); with another tokenizer the text goes through, with that tokenizer's
+EOS appended to the responses that ended. An encoder (BERT-like) pools at its first token by
+its own rule and gets the text without an EOS. A Python reward that takes an `ended` keyword
+receives the same information (a list of bools: whether each response ended with a stop token
+rather than running out of tokens).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
+RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]  # (prompts, responses[, ended=]) -> scores
 
 
 def check_scores(scores, n: int, source: str = "the reward function", finite: bool = True) -> torch.Tensor:
@@ -57,26 +61,41 @@ def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     Args:
         model: an `AutoModelForSequenceClassification`. A decoder (it has a `score` head on its
             backbone: GPT-2, Llama, Qwen, Pythia) is read at the last position where
-            `attention_mask` is 1; an encoder (BERT-like) pools by its own rule (the first token).
+            `attention_mask` is 1; any other model (an encoder such as BERT pools at its first
+            token) gets the same compacted rows and pools by its own rule.
         input_ids, attention_mask: (N, L), padded on either side or both (a left-padded prompt
             followed by a right-padded response): the real tokens are moved to the front of
             each row, in order, before the forward, so absolute position embeddings see 0, 1, ...
         label_index: which logit is the score.
 
-    The pad id is never compared with anything, so pad == eos cannot move the reading position.
+    For a decoder the pad id is never compared with anything, so pad == eos cannot move the
+    reading position.
     """
-    head = getattr(model, "score", None)
-    backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    if head is None or backbone is None:
-        return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, label_index].float()
     real = attention_mask.long()
-    if not bool((real.sum(dim=1) > 0).all()):
-        raise ValueError("a sequence to score has no real token (its attention mask is all zero)")
+    empty = torch.nonzero(real.sum(dim=1) == 0).flatten().tolist()
+    if empty:
+        raise ValueError(f"sequence(s) {empty[:5]} to score have no real token (their attention mask is all zero)")
     order = torch.sort(1 - real, dim=1, stable=True).indices  # real tokens first, in their order
     ids, att = input_ids.gather(1, order), real.gather(1, order)
+    if not reads_at_a_token(model):
+        return model(input_ids=ids, attention_mask=att).logits[:, label_index].float()
+    head, backbone = model.score, getattr(model, model.base_model_prefix)
     hidden = backbone(input_ids=ids, attention_mask=att)[0]  # (N, L, H)
     last = att.sum(dim=1) - 1
     return head(hidden[torch.arange(len(ids), device=ids.device), last])[:, label_index].float()
+
+
+def special_prefix(tokenizer) -> list[int]:
+    """The ids `tokenizer` puts in front of every text (a BOS for Llama-style tokenizers; none
+    for GPT-2's or Pythia's)."""
+    with_special, without = tokenizer("a")["input_ids"], tokenizer("a", add_special_tokens=False)["input_ids"]
+    n = len(with_special) - len(without)
+    return list(with_special[:n]) if n > 0 and with_special[n : n + len(without)] == without else []
+
+
+def reads_at_a_token(model) -> bool:
+    """Whether `model` is a decoder reward model: a `score` head on its backbone."""
+    return hasattr(model, "score") and hasattr(model, getattr(model, "base_model_prefix", "") or "_no_backbone_")
 
 
 class SequenceClassifierReward:
@@ -103,7 +122,10 @@ class SequenceClassifierReward:
         self.gain = float(getattr(self.model.config, "reward_gain", 1.0))
         self.bias = float(getattr(self.model.config, "reward_bias", 0.0))
         # a decoder reads its score at a token; an encoder pools at its first token and has no use for an EOS
-        self.appends_eos = hasattr(self.model, "score") and self.tokenizer.eos_token_id is not None
+        self.appends_eos = reads_at_a_token(self.model) and self.tokenizer.eos_token_id is not None
+        # what the tokenizer puts in front of a text (a BOS for Llama-style tokenizers), which the
+        # sampled ids lack (prompts are tokenized without special tokens for generation)
+        self.prefix = special_prefix(self.tokenizer)
 
     def _scores(self, ids: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         out = [sequence_scores(self.model, ids[i : i + self.batch_size], att[i : i + self.batch_size], self.label_index) for i in range(0, len(ids), self.batch_size)]
@@ -116,12 +138,24 @@ class SequenceClassifierReward:
         return self._scores(ids.to(self.device), att.to(self.device))
 
     @torch.no_grad()
-    def score_ids(self, query_ids: torch.Tensor, query_mask: torch.Tensor, response_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def score_ids(self, query_ids: torch.Tensor, query_mask: torch.Tensor, response_ids: torch.Tensor, mask: torch.Tensor, ended: torch.Tensor | None = None) -> torch.Tensor:
         """Scores of the token ids as sampled (a shared tokenizer): (B, P) left-padded prompts,
-        (B, T) responses with their mask, the stop token included; read at each response's last
-        real token, the EOS of one that ended."""
+        (B, T) responses with their mask, the stop token included, and (B,) `ended`. A response
+        that ended on a stop token other than EOS gets the EOS appended, and the tokenizer's
+        prefix (BOS) goes in front, so the ids are those `encode_pairs` gives in training; each
+        is read at its last real token, the EOS of one that ended."""
+        b = query_ids.shape[0]
         ids = torch.cat([query_ids, response_ids], dim=1).to(self.device)
         att = torch.cat([query_mask.long(), mask.long()], dim=1).to(self.device)
+        if self.prefix:
+            ids = torch.cat([torch.tensor([self.prefix] * b, dtype=torch.long, device=self.device), ids], dim=1)
+            att = torch.cat([torch.ones(b, len(self.prefix), dtype=torch.long, device=self.device), att], dim=1)
+        if ended is not None and self.appends_eos:
+            eos = self.tokenizer.eos_token_id
+            last = response_ids.gather(1, (mask.sum(dim=1).long() - 1).clamp(min=0)[:, None]).squeeze(1)
+            add = (ended.bool() & (last != eos)).long().to(self.device)[:, None]
+            ids = torch.cat([ids, torch.full_like(add, eos)], dim=1)  # (compacted after the last real token)
+            att = torch.cat([att, add], dim=1)
         return self._scores(ids, att)
 
     def shares_tokenizer(self, tokenizer) -> bool:
@@ -135,6 +169,10 @@ def encode_pairs(tokenizer, prompts: Sequence[str], responses: Sequence[str], en
     response (no space added when the response starts with one), with `tokenizer`'s EOS id
     appended to every response whose `ended` is true. How a reward model is both trained
     (`train_reward_model`) and read (`SequenceClassifierReward`)."""
+    if len(prompts) != len(responses) or (ended is not None and len(ended) != len(responses)):
+        raise ValueError(f"encode_pairs got {len(prompts)} prompts, {len(responses)} responses" + (f" and {len(ended)} ended flags" if ended is not None else "") + "; expected as many of each")
+    if not responses:
+        raise ValueError("encode_pairs got no responses to encode")
     texts = [p + (r if r[:1].isspace() else " " + r) for p, r in zip(prompts, responses)]
     rows = tokenizer(texts)["input_ids"]
     if ended is not None:
@@ -151,9 +189,11 @@ def encode_pairs(tokenizer, prompts: Sequence[str], responses: Sequence[str], en
 
 
 def reads_token_ids(reward_fn, tokenizer) -> bool:
-    """Whether the trainer can hand `reward_fn` the sampled token ids (see the module docstring)."""
+    """Whether the trainer can hand `reward_fn` the sampled token ids (see the module docstring):
+    a decoder reward model with the policy's tokenizer."""
     shares = getattr(reward_fn, "shares_tokenizer", None)
-    return callable(getattr(reward_fn, "score_ids", None)) and callable(shares) and bool(shares(tokenizer))
+    decoder = reads_at_a_token(getattr(reward_fn, "model", None))
+    return decoder and callable(getattr(reward_fn, "score_ids", None)) and callable(shares) and bool(shares(tokenizer))
 
 
 def takes_ended(reward_fn) -> bool:
@@ -169,7 +209,7 @@ def score_responses(reward_fn, prompts: list[str], responses: list[str], sample,
     `reads_token_ids`), with the texts and `ended`, or with the texts alone. `sample` is the
     `rollout.Sample` the responses came from. Returns what the reward returned."""
     if by_ids:
-        return reward_fn.score_ids(sample.query_ids, sample.query_mask, sample.response_ids, sample.mask)
+        return reward_fn.score_ids(sample.query_ids, sample.query_mask, sample.response_ids, sample.mask, sample.ended)
     if takes_ended(reward_fn):
         return reward_fn(prompts, responses, ended=sample.ended.tolist())
     return reward_fn(prompts, responses)

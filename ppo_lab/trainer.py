@@ -67,7 +67,8 @@ class PPOTrainer:
     Args:
         config: the `PPOConfig`.
         policy, tokenizer: an already loaded `AutoModelForCausalLM` and its tokenizer (optional).
-        reward_fn: a callable (prompts, responses) -> scores (optional; default from config).
+        reward_fn: a callable (prompts, responses) -> scores, which may also take `ended`
+            (see `ppo_lab.rewards`) (optional; default from config).
         train_prompts, eval_prompts: lists of prompt strings (optional; default: the task's).
     """
 
@@ -181,40 +182,54 @@ class PPOTrainer:
 
     @torch.no_grad()
     def reference_scores(self, n: int) -> torch.Tensor:
-        """(n,) scores of the reference policy's responses to n training prompts (cycled), with
-        draws of their own; what `reference_score_norm` fits its gain and bias to. Sampled from
-        the policy before any update, which is the reference then (the adapter is still zero
-        under LoRA)."""
-        prompts = [self.train_prompts[i % len(self.train_prompts)] for i in range(n)]
-        lo, hi = dist.shard(self.accelerator, n)
-        uniforms = torch.rand(n, self.sampling.max_new_tokens, generator=draws(self.config.seed, None, "reference"))[lo:hi]
-        self._modes(training=False)
-        with self.accelerator.autocast():
-            drawn = generate(self.lm, self.tokenizer, prompts[lo:hi], self.sampling, device=self.device, uniforms=uniforms)
-        responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
-        scores = self.score(prompts[lo:hi], responses, drawn).to(self.device)
-        return dist.gather(self.accelerator, scores).cpu()
+        """(n,) scores of the reference policy's responses to n training prompts drawn at random
+        (without replacement while the set lasts), with draws of their own: what
+        `reference_score_norm` fits its gain and bias to. Each process samples its share, and
+        the result is the same for any number of processes. Sampled from the policy before any
+        update, which is the reference then (the adapter is still zero under LoRA)."""
+        acc = self.accelerator
+        g = draws(self.config.seed, None, "reference")
+        order = torch.cat([torch.randperm(len(self.train_prompts), generator=g) for _ in range(-(-n // len(self.train_prompts)))])
+        prompts = [self.train_prompts[i] for i in order[:n].tolist()]
+        uniforms = torch.rand(n, self.sampling.max_new_tokens, generator=g)
+        lo, hi = dist.shard(acc, n)
+        scores = torch.zeros(0, device=self.device)
+        if hi > lo:
+            self._modes(training=False)
+            with acc.autocast():
+                drawn = generate(self.lm, self.tokenizer, prompts[lo:hi], self.sampling, device=self.device, uniforms=uniforms[lo:hi])
+            responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
+            scores = self.score(prompts[lo:hi], responses, drawn).to(self.device)
+        if acc.num_processes == 1:
+            return scores.cpu()
+        # shares differ by one at most: gather them padded to the same length, then cut the padding
+        world, per = acc.num_processes, -(-n // acc.num_processes)
+        padded = dist.gather(acc, torch.cat([scores, scores.new_zeros(per - len(scores))])).cpu()
+        return torch.cat([padded[r * per : r * per + (r + 1) * n // world - r * n // world] for r in range(world)])
 
     # --- 2. shape the rewards, estimate the advantages --------------------------------------
     def advantages(self, ro: Rollout):
         """(rewards, advantages, returns), each (B, T): the score on the last token minus the KL
         penalty on every token (chapter 5), then the configured estimator (chapters 4, 10). The
-        critic's targets use `critic_lam` when it is set (VAPO's decoupled lambda)."""
+        critic's targets use `critic_lam` when it is set (VAPO's decoupled lambda). With
+        `whiten_rewards` the estimator sees the rewards scaled to std 1; the rewards returned
+        (and logged) are those before the scaling."""
         cfg = self.config
         scores = adjust_scores(
             ro.scores, ro.has_eos, cfg.missing_eos_penalty, cfg.score_norm,
             missing_eos_score=cfg.missing_eos_score, gain=self.score_gain, bias=self.score_bias,
         )
         kl_coef = self.kl_ctl.value if cfg.kl_in == "reward" else 0.0
-        rewards = shape_rewards(scores, ro.old_logprobs, ro.ref_logprobs, ro.mask, kl_coef, cfg.kl_estimator, cfg.score_clip)
+        shaped = shape_rewards(scores, ro.old_logprobs, ro.ref_logprobs, ro.mask, kl_coef, cfg.kl_estimator, cfg.score_clip)
+        rewards = shaped
         if cfg.whiten_rewards:  # std 1, mean kept: the sign of the KL penalty survives (OpenAI 2019)
-            rewards = masked_whiten(rewards, ro.mask, shift_mean=False)
+            rewards = masked_whiten(shaped, ro.mask, shift_mean=False)
         advantages, returns = self.estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=cfg.gamma, lam=cfg.lam)
         if cfg.critic_lam is not None and cfg.critic_lam != cfg.lam:
             _, returns = self.estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=cfg.gamma, lam=cfg.critic_lam)
         if cfg.whiten_advantages:
             advantages = masked_whiten(advantages, ro.mask)
-        return rewards, advantages, returns
+        return shaped, advantages, returns
 
     # --- 3. the update: epochs of shuffled minibatches --------------------------------------
     def minibatch_loss(self, ro: Rollout, idx: torch.Tensor, advantages, returns):
@@ -301,12 +316,12 @@ class PPOTrainer:
         policy's and "critic/grad_norm" of the critic's (or value head's), each clipped alone."""
         cfg, acc = self.config, self.accelerator
         limit = cfg.max_grad_norm or math.inf
-        groups = [group["params"] for group in self.optimizer.param_groups]
-        if cfg.grad_clip_scope == "global" or len(groups) == 1:
+        # build_optimizer names the groups (a checkpoint's optimizer state from before it did not: by order)
+        groups = {group.get("name", ("policy", "critic")[i]): group["params"] for i, group in enumerate(self.optimizer.param_groups)}
+        if cfg.grad_clip_scope == "global" or "critic" not in groups:
             return {"policy/grad_norm": torch.as_tensor(acc.clip_grad_norm_(params, limit)).detach().float().to(self.device)}
         acc.unscale_gradients()  # (fp16: once for the whole optimizer, before either norm)
-        norms = [torch.nn.utils.clip_grad_norm_(group, limit).detach().float().to(self.device) for group in groups]
-        return {"policy/grad_norm": norms[0], "critic/grad_norm": norms[1]}
+        return {f"{name}/grad_norm": torch.nn.utils.clip_grad_norm_(groups[name], limit).detach().float().to(self.device) for name in ("policy", "critic")}
 
     # --- one iteration: rollout -> shape -> advantages -> update -> log ---------------------
     def step(self) -> dict[str, float]:

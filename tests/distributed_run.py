@@ -10,7 +10,7 @@ from ppo_lab import PPOConfig, PPOTrainer
 
 # the published recipes' details (reference normalisation sampled in shards, reward whitening,
 # per-model clipping after the all-reduce, the replacement score) on top of the base run
-RECIPE = dict(reference_score_norm="mean-std", reference_score_samples=16, whiten_rewards=True, grad_clip_scope="per-model", missing_eos_score=-1.0, max_grad_norm=0.5)
+RECIPE = dict(reference_score_norm="mean-std", reference_score_samples=15, whiten_rewards=True, grad_clip_scope="per-model", missing_eos_score=-1.0, max_grad_norm=0.5)
 
 
 def run(output_dir: str, accumulation: int, variant: str = "base") -> dict:

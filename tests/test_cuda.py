@@ -19,8 +19,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("critic", ["separate", "shared"])
-def test_mixed_precision_on_cuda_trains_evaluates_saves_and_resumes(tiny_path, tmp_path, precision, critic):
-    cfg = small_config(tmp_path, total_iterations=3, precision=precision, critic=critic, eval_interval=1, save_interval=1)
+@pytest.mark.parametrize("scope", ["global", "per-model"])
+def test_mixed_precision_on_cuda_trains_evaluates_saves_and_resumes(tiny_path, tmp_path, precision, critic, scope):
+    # per-model clipping unscales fp16 gradients once, through accelerate's real scaler
+    cfg = small_config(tmp_path, total_iterations=3, precision=precision, critic=critic, eval_interval=1, save_interval=1, grad_clip_scope=scope)
     trainer = PPOTrainer(cfg)
     assert trainer.device.type == "cuda"
     assert (trainer.accelerator.scaler is not None) == (precision == "fp16")

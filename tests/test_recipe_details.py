@@ -68,6 +68,11 @@ def test_stop_after_is_checked():
 # --- the score of a response without EOS, and the fixed reference normalisation ---------------
 
 
+def test_a_missing_eos_rule_with_ignore_eos_is_refused():
+    with pytest.raises(ValueError, match="ignore_eos never lets a response stop"):
+        small_config(Path("."), ignore_eos=True, missing_eos_score=-1.0)
+
+
 def test_missing_eos_score_replaces_and_penalty_subtracts():
     scores, eos = torch.tensor([0.5, 2.0, -3.0]), torch.tensor([True, False, False])
     assert adjust_scores(scores, eos, missing_eos_score=-1.0).tolist() == [0.5, -1.0, -1.0]
@@ -110,6 +115,19 @@ def test_reference_score_norm_is_fitted_once_and_resumed(tiny_path, tmp_path, mo
     monkeypatch.setattr(PPOTrainer, "reference_scores", lambda self, n: pytest.fail("a resumed run refitted the normalisation"))
     resumed = PPOTrainer(small_config(tmp_path, reference_score_norm="mean-std", reference_score_samples=32, resume_from="latest"))
     assert (resumed.score_gain, resumed.score_bias) == (trainer.score_gain, trainer.score_bias)
+    for other in ("none", "mean"):
+        with pytest.raises(ValueError, match=f"trained with reference_score_norm = 'mean-std', this run asks for '{other}'"), pytest.warns(UserWarning):
+            PPOTrainer(small_config(tmp_path, reference_score_norm=other, resume_from="latest"))
+
+
+def test_reference_prompts_are_drawn_at_random(tiny_path, tmp_path, monkeypatch):
+    seen = []
+    trainer = PPOTrainer(small_config(tmp_path), train_prompts=[f"the movie was {w}" for w in ("good", "bad", "fun", "dull", "long")], reward_fn=lambda p, r: [len(x) for x in r])
+    monkeypatch.setattr(trainer, "score", lambda prompts, responses, drawn: seen.append(prompts) or torch.zeros(len(prompts)))
+    assert trainer.reference_scores(7).shape == (7,)
+    assert sorted(seen[0][:5]) == sorted(trainer.train_prompts)  # each prompt once before any twice
+    assert seen[0] != [trainer.train_prompts[i % 5] for i in range(7)]  # not the file order
+    # (uneven shares over processes: test_distributed.py, 15 samples on 2 processes)
 
 
 # --- reward whitening (OpenAI 2019) ------------------------------------------------------------
@@ -118,30 +136,35 @@ def test_reference_score_norm_is_fitted_once_and_resumed(tiny_path, tmp_path, mo
 def test_whiten_rewards_scales_the_shaped_rewards_and_keeps_their_mean(tiny_path, tmp_path):
     trainer = PPOTrainer(small_config(tmp_path, whiten_rewards=True))
     ro = trainer.rollout(trainer.next_prompts())
-    rewards, advantages, _ = trainer.advantages(ro)
+    rewards, advantages, returns = trainer.advantages(ro)
     raw = shape_rewards(ro.scores, ro.old_logprobs, ro.ref_logprobs, ro.mask, trainer.kl_ctl.value)
+    assert torch.allclose(rewards, raw)  # what is returned (and logged) is before the scaling
     real = ro.mask.bool()
     x = raw[real].double()
-    want = (x - x.mean()) / torch.sqrt(x.var() + 1e-8) + x.mean()  # whiten(rewards, shift_mean=False)
-    assert torch.allclose(rewards[real].double(), want, atol=1e-5)
-    assert float(rewards[real].mean()) == pytest.approx(float(x.mean()), abs=1e-5)
-    assert torch.equal(rewards[~real], torch.zeros_like(rewards[~real]))
-    plain, _, _ = PPOTrainer(small_config(tmp_path / "b")).advantages(ro)
-    assert not torch.allclose(plain, rewards)
+    white = torch.zeros_like(raw)
+    white[real] = ((x - x.mean()) / torch.sqrt(x.var() + 1e-8) + x.mean()).float()  # whiten(rewards, shift_mean=False)
+    from ppo_lab.gae import compute_gae
+
+    want_adv, want_ret = compute_gae(white, ro.values, ro.mask, gamma=1.0, lam=0.95)
+    assert torch.allclose(returns, want_ret, atol=1e-5)
+    assert torch.allclose(advantages, masked_whiten(want_adv, ro.mask), atol=1e-5)
+    _, plain, _ = PPOTrainer(small_config(tmp_path / "b")).advantages(ro)
+    assert not torch.allclose(plain, advantages, atol=1e-3)
 
 
 # --- the optimizer: Adam's epsilon, clipping per model ------------------------------------------
 
 
-def test_adam_eps_reaches_the_optimizer(tiny_path, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, adam_eps=1e-5))
-    assert {group["eps"] for group in trainer.optimizer.param_groups} == {1e-5}
+def test_adam_eps_and_weight_decay_reach_the_optimizer(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, adam_eps=1e-5, weight_decay=0.01))
+    assert {(group["eps"], group["weight_decay"]) for group in trainer.optimizer.param_groups} == {(1e-5, 0.01)}
 
 
 @pytest.mark.parametrize("critic", ["separate", "shared"])
-def test_per_model_clipping_leaves_the_policy_step_alone(tiny_path, tmp_path, critic):
-    """A critic gradient 1000x the policy's: one global norm shrinks the policy's gradient with
-    it; per-model clipping leaves it as it was (below the limit) and clips the critic's alone."""
+def test_per_model_clipping_leaves_the_policy_gradient_alone(tiny_path, tmp_path, critic):
+    """A critic gradient norm 1000x the policy's: one global norm shrinks the policy's gradient
+    about 500-fold with it; per-model clipping leaves it as it was (below the limit) and clips
+    the critic's alone."""
     norms = {}
     for scope in ("global", "per-model"):
         trainer = PPOTrainer(small_config(tmp_path / scope, critic=critic, max_grad_norm=1.0, grad_clip_scope=scope))
@@ -164,13 +187,13 @@ def test_per_model_clipping_leaves_the_policy_step_alone(tiny_path, tmp_path, cr
             assert all(torch.equal(p.grad, b) for p, b in zip(policy_params, before))
     (m_global, pol_global, crit_global), (m_per, pol_per, crit_per) = norms["global"], norms["per-model"]
     assert set(m_global) == {"policy/grad_norm"} and m_global["policy/grad_norm"].item() == pytest.approx(math.hypot(0.5, 500.0), rel=1e-4)
-    assert pol_global == pytest.approx(0.5 / math.hypot(0.5, 500.0), rel=1e-3)  # the policy's step shrank 1000x
+    assert pol_global == pytest.approx(0.5 / math.hypot(0.5, 500.0), rel=1e-3)  # the policy's gradient shrank ~500x
     assert crit_global == pytest.approx(500.0 / math.hypot(0.5, 500.0), rel=1e-3)
     assert m_per["policy/grad_norm"].item() == pytest.approx(0.5, rel=1e-4) and m_per["critic/grad_norm"].item() == pytest.approx(500.0, rel=1e-4)
     assert pol_per == pytest.approx(0.5, rel=1e-4) and crit_per == pytest.approx(1.0, rel=1e-3)
 
 
-def test_linear_schedule_reaches_zero_at_the_last_step(tiny_path, tmp_path):
+def test_linear_schedule_reaches_zero_after_the_last_step(tiny_path, tmp_path):
     history = PPOTrainer(small_config(tmp_path, lr_schedule="linear", learning_rate=1e-3, target_kl=None)).train()
     assert [m["lr"] for m in history] == [pytest.approx(5e-4), 0.0]  # 4 of 8 steps, then all 8
 
@@ -261,13 +284,40 @@ def test_a_python_reward_can_ask_whether_each_response_ended(tiny_path, tmp_path
         seen.append(list(ended))
         return [1.0 if e else -1.0 for e in ended]
 
-    trainer = PPOTrainer(small_config(tmp_path), reward_fn=reward)
+    trainer = PPOTrainer(small_config(tmp_path, max_new_tokens=4, rollout_batch_size=32), reward_fn=reward)
     ro = trainer.rollout(trainer.next_prompts())
-    assert seen[-1] == ro.has_eos.tolist()
+    assert seen[-1] == ro.has_eos.tolist() and {True, False} <= set(seen[-1])  # both kinds occurred
+    eos = trainer.tokenizer.eos_token_id
+    last = ro.response_ids.gather(1, (ro.mask.sum(1).long() - 1)[:, None]).squeeze(1)
+    assert seen[-1] == (last == eos).tolist()  # ended = the last real token is the EOS
     assert ro.scores.tolist() == [1.0 if e else -1.0 for e in ro.has_eos.tolist()]
 
 
 # --- the reward-model trainer --------------------------------------------------------------------
+
+
+def test_train_reward_model_follows_the_recipe(tmp_path, monkeypatch):
+    """The recipe's steps are wired in: a new head from init_reward_head, one epoch by default,
+    the learning rate falling linearly over exactly the steps taken."""
+    from ppo_lab import reward_model
+    from ppo_lab.tasks import SentimentTask
+
+    heads, factors = [], []
+    init, linear = reward_model.init_reward_head, reward_model.linear_to_zero
+    monkeypatch.setattr(reward_model, "init_reward_head", lambda head: heads.append(head.in_features) or init(head))
+
+    def spy(total):
+        f = linear(total)
+        return lambda step: factors.append((total, step)) or f(step)
+
+    monkeypatch.setattr(reward_model, "linear_to_zero", spy)
+    pairs = reward_model.preference_pairs(SentimentTask(), 70, seed=0)
+    reward_model.train_reward_model(pairs, tmp_path / "rm", batch_size=32)
+    assert heads == [96]  # the tiny model's hidden size
+    assert [step for _, step in factors] == [0, 1, 2, 3] and {t for t, _ in factors} == {3}  # ceil(70 / 32) = 3 steps, one epoch
+    with pytest.raises(ValueError, match="needs a decoder base"):
+        monkeypatch.setattr("ppo_lab.rewards.reads_at_a_token", lambda model: False)
+        reward_model.train_reward_model(pairs, tmp_path / "x")
 
 
 def test_reward_head_init_and_linear_annealing():
@@ -300,6 +350,14 @@ def test_reward_model_normalised_after_training(tmp_path):
 # --- prompts from a file, models at a revision ----------------------------------------------------
 
 
+def test_prompts_from_json_lines_with_a_bom_and_crlf(tmp_path):
+    from ppo_lab.build import read_prompts
+
+    # a BOM, CRLF line ends and a raw U+2028 (a line separator to str.splitlines) inside a string
+    (tmp_path / "p.JSON").write_bytes('\ufeff{"prompt": "a\u2028b"}\r\n{"prompt": "c"}\r\n'.encode("utf-8"))
+    assert read_prompts(str(tmp_path / "p.JSON")) == ["a\u2028b", "c"]
+
+
 def test_prompts_from_files(tiny_path, tmp_path):
     from ppo_lab.build import read_prompts
 
@@ -325,6 +383,8 @@ def test_prompts_from_files(tiny_path, tmp_path):
     samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
     assert {s["prompt"] for s in samples} == {"the story is"}
     assert PPOTrainer(small_config(tmp_path, **files, total_iterations=1, resume_from="latest")).iteration == 1
+    with pytest.raises(ValueError, match="training prompts were passed in and PPOConfig.prompts_file"):
+        PPOTrainer(small_config(tmp_path / "c", **files), train_prompts=["x"])
 
 
 def test_model_names_may_carry_a_revision(monkeypatch):
@@ -390,3 +450,84 @@ def test_per_model_clipping_unscales_fp16_gradients_once(tiny_path, tmp_path):
     assert scaled["train/overflow_steps"] == 0.0 and scaled["policy/steps"] == plain["policy/steps"]
     for key in ("policy/grad_norm", "critic/grad_norm"):
         assert scaled[key] == pytest.approx(plain[key], rel=1e-4), key
+
+
+# --- defaults the recipes share, each tested where it is made -----------------------------------
+
+
+def test_vf_coef_weighs_the_value_loss(tiny_path, tmp_path):
+    import dataclasses
+
+    trainer = PPOTrainer(small_config(tmp_path, critic="shared"))
+    ro = trainer.rollout(trainer.next_prompts())
+    _, adv, ret = trainer.advantages(ro)
+    idx = torch.arange(8)
+    losses = {}
+    for c in (0.1, 0.5):
+        trainer.config = dataclasses.replace(trainer.config, vf_coef=c)
+        loss, metrics = trainer.minibatch_loss(ro, idx, adv, ret)
+        losses[c] = (loss.item(), metrics["loss/policy"].item(), metrics["loss/value"].item())
+    (l1, p1, v1), (l5, p5, v5) = losses[0.1], losses[0.5]
+    assert (p1, v1) == pytest.approx((p5, v5))
+    assert l5 - l1 == pytest.approx(0.4 * v1, rel=1e-4) and v1 > 0
+
+
+def test_one_temperature_everywhere_keeps_the_first_step_on_policy(tiny_path, tmp_path):
+    """At temperature 0.7 (the recipes'), the sampling logits, the policy's scoring forward and
+    the reference's all divide by the same 0.7: the reference agrees with the sampler exactly
+    before the first update, and the first minibatch's ratio is 1."""
+    for source in ("sampling", "forward"):
+        trainer = PPOTrainer(small_config(tmp_path / source, temperature=0.7, old_logprobs=source))
+        ro = trainer.rollout(trainer.next_prompts())
+        real = ro.mask.bool()
+        assert torch.allclose(ro.old_logprobs[real], ro.ref_logprobs[real], atol=1e-5)
+        _, adv, ret = trainer.advantages(ro)
+        _, metrics = trainer.minibatch_loss(ro, torch.arange(8), adv, ret)
+        assert abs(metrics["policy/ratio_max"].item() - 1.0) < 1e-5 and metrics["policy/approx_kl"].item() < 1e-9
+
+
+def test_the_shared_value_head_starts_at_zero(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, critic="shared"))
+    head = trainer.bare(trainer.policy).v_head
+    assert float(head.weight.detach().abs().max()) == 0.0 and float(head.bias.detach().abs().max()) == 0.0
+    ro = trainer.rollout(trainer.next_prompts())
+    assert float(ro.values.abs().max()) == 0.0
+
+
+# --- the EOS on the id path when another stop token ended the response, and a BOS in front ------
+
+
+def test_a_stop_token_ending_gets_the_eos_the_reward_model_was_trained_on(eos_reward_model, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, reward=str(eos_reward_model), stop_token=".", rollout_batch_size=32))
+    ro = trainer.rollout(trainer.next_prompts())
+    period = trainer.tokenizer.convert_tokens_to_ids(".")
+    last = ro.response_ids.gather(1, (ro.mask.sum(1).long() - 1)[:, None]).squeeze(1)
+    assert bool((ro.has_eos & (last == period)).any())  # responses that ended on the period exist
+    rm = trainer.reward_fn
+    by_text = rm(ro.prompts, ro.responses, ended=ro.has_eos.tolist())  # EOS appended to every ended response
+    assert torch.allclose(ro.scores.cpu(), by_text, atol=1e-5)
+    as_sampled = rm.score_ids(ro.query_ids, ro.query_mask, ro.response_ids, ro.mask)  # read at the period
+    assert not torch.allclose(as_sampled[last == period], by_text[last == period], atol=1e-3)
+
+
+def test_the_id_path_puts_the_tokenizers_bos_in_front(eos_reward_model, tiny_path):
+    from tokenizers.processors import TemplateProcessing
+
+    from ppo_lab.models import load_policy, load_tokenizer
+    from ppo_lab.rewards import special_prefix
+
+    rm = SequenceClassifierReward(str(eos_reward_model))
+    assert special_prefix(rm.tokenizer) == [] and rm.prefix == []
+    bos = rm.tokenizer.unk_token_id  # the tiny vocabulary has no BOS: <unk> stands in for one
+    rm.tokenizer._tokenizer.post_processor = TemplateProcessing(single="<unk> $A", special_tokens=[("<unk>", bos)])
+    assert special_prefix(rm.tokenizer) == [bos]
+    rm.prefix = special_prefix(rm.tokenizer)
+    tok, lm = load_tokenizer("builtin:tiny"), load_policy("builtin:tiny")
+    prompts = ["the movie was", "this food is", "the story is", "it was"]
+    drawn = generate(lm, tok, prompts, Sampling(max_new_tokens=8, stop_ids=(tok.eos_token_id,)), uniforms=torch.rand(4, 8, generator=torch.Generator().manual_seed(0)))
+    responses = tok.batch_decode(drawn.response_ids, skip_special_tokens=True)
+    by_text = rm(prompts, responses, ended=drawn.ended.tolist())  # the tokenizer adds the BOS here
+    by_ids = rm.score_ids(drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask, drawn.ended)
+    assert torch.allclose(by_ids, by_text, atol=1e-5)
+    rm.prefix = []
+    assert not torch.allclose(rm.score_ids(drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask, drawn.ended), by_text, atol=1e-3)
