@@ -531,3 +531,16 @@ def test_the_id_path_puts_the_tokenizers_bos_in_front(eos_reward_model, tiny_pat
     assert torch.allclose(by_ids, by_text, atol=1e-5)
     rm.prefix = []
     assert not torch.allclose(rm.score_ids(drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask, drawn.ended), by_text, atol=1e-3)
+
+
+def test_entropy_coef_subtracts_the_entropy_bonus(tiny_path, tmp_path):
+    import dataclasses
+
+    trainer = PPOTrainer(small_config(tmp_path))
+    ro = trainer.rollout(trainer.next_prompts())
+    _, adv, ret = trainer.advantages(ro)
+    plain, _ = trainer.minibatch_loss(ro, torch.arange(8), adv, ret)
+    trainer.config = dataclasses.replace(trainer.config, entropy_coef=0.01)
+    bonus, metrics = trainer.minibatch_loss(ro, torch.arange(8), adv, ret)
+    assert metrics["loss/entropy"].item() > 0
+    assert bonus.item() - plain.item() == pytest.approx(-0.01 * metrics["loss/entropy"].item(), rel=1e-4)
