@@ -77,7 +77,7 @@ _LAZY = {
 }
 
 
-_LAZY_MODULES = {"book", "build", "checkpoint", "config", "distributed", "hf", "lora", "losses", "metrics", "models", "plotting", "resume", "reward_model", "rewards", "rollout", "run_output", "tasks", "tiny", "trainer"}
+_LAZY_MODULES = {"book", "build", "checkpoint", "config", "distributed", "hf", "lora", "losses", "metrics", "models", "plotting", "reference_norm", "resume", "reward_model", "rewards", "rollout", "run_output", "tasks", "tiny", "trainer"}
 
 
 def __getattr__(name):

@@ -110,7 +110,7 @@ class PPOTrainer:
         if cfg.resume_from:
             self.resume(cfg.resume_from)  # (restores the score gain and bias too)
         elif cfg.reference_score_norm != "none":
-            self.score_gain, self.score_bias = reference_normalization(self.reference_scores(cfg.reference_score_samples), cfg.reference_score_norm)
+            self.score_gain, self.score_bias = reference_normalization(self.reference_scores(cfg.reference_score_samples), cfg.reference_score_norm)  # fixed from here on
 
     # --- helpers ---------------------------------------------------------------------------
     def bare(self, model):
@@ -180,32 +180,11 @@ class PPOTrainer:
         raw = score_responses(self.reward_fn, prompts, responses, drawn, self.reward_by_ids)
         return check_scores(raw, len(prompts), f"reward {self.reward_name}", finite=False)
 
-    @torch.no_grad()
     def reference_scores(self, n: int) -> torch.Tensor:
-        """(n,) scores of the reference policy's responses to n training prompts drawn at random
-        (without replacement while the set lasts), with draws of their own: what
-        `reference_score_norm` fits its gain and bias to. Each process samples its share, and
-        the result is the same for any number of processes. Sampled from the policy before any
-        update, which is the reference then (the adapter is still zero under LoRA)."""
-        acc = self.accelerator
-        g = draws(self.config.seed, None, "reference")
-        order = torch.cat([torch.randperm(len(self.train_prompts), generator=g) for _ in range(-(-n // len(self.train_prompts)))])
-        prompts = [self.train_prompts[i] for i in order[:n].tolist()]
-        uniforms = torch.rand(n, self.sampling.max_new_tokens, generator=g)
-        lo, hi = dist.shard(acc, n)
-        scores = torch.zeros(0, device=self.device)
-        if hi > lo:
-            self._modes(training=False)
-            with acc.autocast():
-                drawn = generate(self.lm, self.tokenizer, prompts[lo:hi], self.sampling, device=self.device, uniforms=uniforms[lo:hi])
-            responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
-            scores = self.score(prompts[lo:hi], responses, drawn).to(self.device)
-        if acc.num_processes == 1:
-            return scores.cpu()
-        # shares differ by one at most: gather them padded to the same length, then cut the padding
-        world, per = acc.num_processes, -(-n // acc.num_processes)
-        padded = dist.gather(acc, torch.cat([scores, scores.new_zeros(per - len(scores))])).cpu()
-        return torch.cat([padded[r * per : r * per + (r + 1) * n // world - r * n // world] for r in range(world)])
+        """(n,) scores of n reference-policy responses (see `ppo_lab.reference_norm`)."""
+        from .reference_norm import reference_scores
+
+        return reference_scores(self, n)
 
     # --- 2. shape the rewards, estimate the advantages --------------------------------------
     def advantages(self, ro: Rollout):
