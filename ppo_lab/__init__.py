@@ -70,6 +70,11 @@ _LAZY = {
     "bradley_terry_loss": "reward_model",
     "preference_pairs": "reward_model",
     "train_reward_model": "reward_model",
+    "bradley_terry_labels": "reward_model",
+    "sampled_preference_pairs": "reward_model",
+    "dpo_loss": "dpo",
+    "optimal_policy": "dpo",
+    "train_dpo": "dpo",
     "SequenceClassifierReward": "rewards",
     "sequence_scores": "rewards",
     "get_task": "tasks",
@@ -77,7 +82,7 @@ _LAZY = {
 }
 
 
-_LAZY_MODULES = {"book", "build", "checkpoint", "config", "distributed", "hf", "lora", "losses", "metrics", "models", "plotting", "reference_norm", "resume", "reward_model", "rewards", "rollout", "run_output", "tasks", "tiny", "trainer"}
+_LAZY_MODULES = {"book", "build", "checkpoint", "config", "distributed", "dpo", "hf", "lora", "losses", "metrics", "models", "plotting", "reference_norm", "resume", "reward_model", "rewards", "rollout", "run_output", "tasks", "tiny", "trainer"}
 
 
 def __getattr__(name):

@@ -72,6 +72,62 @@ class PreferencePair:
     prompt: str
     chosen: str
     rejected: str
+    p_chosen: float | None = None  # the labeller's probability of this label, when it is known
+
+
+def bradley_terry_labels(scores_a: torch.Tensor, scores_b: torch.Tensor, scale: float = 1.0, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noisy labels the way a Bradley-Terry labeller gives them.
+
+    Args:
+        scores_a, scores_b: (N,) the true (gold) rewards of the two responses of each pair.
+        scale: the labeller's noise: a prefers a with probability sigmoid((a - b) / scale);
+            small scale, an almost perfect labeller; large, a coin.
+        generator: the random draws (CPU).
+
+    Returns:
+        (a_preferred (N,) bool, p_a (N,) float: the probability each label had of being "a").
+        The best accuracy any reward model can reach against such labels is mean(max(p_a, 1 - p_a)).
+    """
+    check_tensor("scores_a", scores_a, ndim=1)
+    check_same_shape(scores_a=scores_a, scores_b=scores_b)
+    if not scale > 0:
+        raise ValueError(f"scale = {scale!r} must be > 0")
+    p_a = torch.sigmoid((scores_a.double() - scores_b.double()) / scale)
+    return torch.rand(p_a.shape, generator=generator, dtype=torch.float64) < p_a, p_a
+
+
+@torch.no_grad()
+def sampled_preference_pairs(model, tokenizer, prompts: list[str], reward_fn, n: int, *, seed: int = 0, scale: float = 1.0, max_new_tokens: int = 12, temperature: float = 1.0) -> list[PreferencePair]:
+    """n pairs of two responses `model` samples for the same prompt (prompts drawn at random),
+    labelled by `bradley_terry_labels` on `reward_fn`'s scores: the preference data of an RLHF
+    run, with a known gold reward behind it. Only responses that ended with EOS are paired (a
+    reward model and DPO read them as complete texts); each pair keeps its label's probability."""
+    from .rollout import Sampling, generate
+
+    g = torch.Generator().manual_seed(seed)
+    sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, stop_ids=(tokenizer.eos_token_id,))
+    pairs: list[PreferencePair] = []
+    for _ in range(20):  # rounds of sampling until n pairs of complete responses
+        need = n - len(pairs)
+        if need <= 0:
+            break
+        drawn_prompts = [prompts[i] for i in torch.randint(len(prompts), (need,), generator=g).tolist()]
+        doubled = [p for p in drawn_prompts for _ in range(2)]
+        drawn = generate(model, tokenizer, doubled, sampling, uniforms=torch.rand(len(doubled), max_new_tokens, generator=g))
+        texts = tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
+        ok = [bool(drawn.ended[2 * i]) and bool(drawn.ended[2 * i + 1]) and texts[2 * i].strip() and texts[2 * i + 1].strip() for i in range(need)]
+        keep = [i for i in range(need) if ok[i]]
+        if not keep:
+            continue
+        gold = torch.as_tensor(reward_fn(doubled, texts), dtype=torch.float64)
+        a_wins, p_a = bradley_terry_labels(gold[0::2][keep], gold[1::2][keep], scale, g)
+        for j, i in enumerate(keep):
+            a, b = texts[2 * i], texts[2 * i + 1]
+            win, p = bool(a_wins[j]), float(p_a[j])
+            pairs.append(PreferencePair(doubled[2 * i], a if win else b, b if win else a, p if win else 1.0 - p))
+    if len(pairs) < n:
+        raise ValueError(f"only {len(pairs)} of {n} pairs had two responses that ended with EOS in {max_new_tokens} tokens; raise max_new_tokens")
+    return pairs[:n]
 
 
 def preference_pairs(task, n: int, seed: int = 0, min_gap: float = 0.05) -> list[PreferencePair]:

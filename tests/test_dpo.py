@@ -1,0 +1,115 @@
+"""The KL-regularised optimum, the DPO loss and its trainer, and Bradley-Terry labels (chapter 8),
+each against a slow, obviously correct reference."""
+
+import math
+
+import pytest
+import torch
+
+from ppo_lab.dpo import dpo_loss, encode_preferences, optimal_policy, sequence_logprobs, train_dpo
+from ppo_lab.reward_model import PreferencePair, bradley_terry_labels, sampled_preference_pairs
+
+
+def _objective(logp, ref_logp, rewards, beta):
+    p = [math.exp(x) for x in logp]
+    return sum(pi * r for pi, r in zip(p, rewards)) - beta * sum(pi * (lp - lr) for pi, lp, lr in zip(p, logp, ref_logp))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("beta", [0.05, 0.5, 3.0])
+def test_optimal_policy_is_the_closed_form_and_beats_every_other_policy(seed, beta):
+    g = torch.Generator().manual_seed(seed)
+    ref = torch.log_softmax(torch.randn(6, generator=g, dtype=torch.float64), 0)
+    r = torch.randn(6, generator=g, dtype=torch.float64)
+    got = optimal_policy(ref, r, beta)
+    weights = [math.exp(a) * math.exp(b / beta) for a, b in zip(ref.tolist(), r.tolist())]
+    want = [math.log(w / sum(weights)) for w in weights]
+    assert got.tolist() == pytest.approx(want, abs=1e-10)
+    best = _objective(got.tolist(), ref.tolist(), r.tolist(), beta)
+    for _ in range(200):  # random policies, and small perturbations of the optimum
+        other = torch.log_softmax(got + 0.3 * torch.randn(6, generator=g, dtype=torch.float64), 0)
+        assert _objective(other.tolist(), ref.tolist(), r.tolist(), beta) <= best + 1e-12
+        rand = torch.log_softmax(3 * torch.randn(6, generator=g, dtype=torch.float64), 0)
+        assert _objective(rand.tolist(), ref.tolist(), r.tolist(), beta) <= best + 1e-12
+
+
+def _slow_dpo(c, r, rc, rr, beta, eps):
+    total, acc = 0.0, 0
+    for a, b, x, y in zip(c, r, rc, rr):
+        m = beta * ((a - x) - (b - y))
+        total += -(1 - eps) * math.log(1 / (1 + math.exp(-m))) - eps * math.log(1 / (1 + math.exp(m)))
+        acc += m > 0
+    return total / len(c), acc / len(c)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_dpo_loss_against_the_formula(seed, eps):
+    g = torch.Generator().manual_seed(seed)
+    c, r, rc, rr = (-5 * torch.rand(7, generator=g, dtype=torch.float64) for _ in range(4))
+    loss, m = dpo_loss(c, r, rc, rr, beta=0.3, label_smoothing=eps)
+    want, acc = _slow_dpo(c.tolist(), r.tolist(), rc.tolist(), rr.tolist(), 0.3, eps)
+    assert loss.item() == pytest.approx(want, rel=1e-10)
+    assert m["dpo/reward_accuracy"].item() == pytest.approx(acc)
+    assert m["dpo/margin"].item() == pytest.approx(float((0.3 * ((c - rc) - (r - rr))).mean()), rel=1e-10)
+
+
+def test_dpo_loss_starts_at_log_2_and_pushes_the_chosen_up():
+    c = torch.tensor([-3.0, -7.0], requires_grad=True)
+    r = torch.tensor([-4.0, -2.0], requires_grad=True)
+    loss, _ = dpo_loss(c, r, c.detach(), r.detach(), beta=0.5)  # the policy is the reference
+    assert loss.item() == pytest.approx(math.log(2))
+    loss.backward()
+    assert (c.grad < 0).all() and (r.grad > 0).all()  # descent raises the chosen, lowers the rejected
+    big, _ = dpo_loss(torch.tensor([500.0]), torch.tensor([-500.0]), torch.zeros(1), torch.zeros(1), beta=1.0)
+    assert math.isfinite(big.item())
+    with pytest.raises(ValueError, match="beta"):
+        dpo_loss(c, r, c, r, beta=0.0)
+    with pytest.raises(ValueError, match=r"`rejected_logps` has shape \(1,\)"):
+        dpo_loss(c, r[:1], c, r, beta=1.0)
+
+
+def test_bradley_terry_labels_have_the_model_frequencies():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.tensor([1.0, 0.0, -0.5]).repeat(20000), torch.tensor([0.0, 0.0, 0.5]).repeat(20000)
+    wins, p = bradley_terry_labels(a, b, scale=0.5, generator=g)
+    for k, want in enumerate([1 / (1 + math.exp(-2.0)), 0.5, 1 / (1 + math.exp(2.0))]):
+        freq = wins[k::3].double().mean().item()
+        assert p[k].item() == pytest.approx(want)
+        assert abs(freq - want) < 4 * math.sqrt(want * (1 - want) / 20000)
+    with pytest.raises(ValueError, match="scale"):
+        bradley_terry_labels(a, b, scale=0.0)
+
+
+def test_sequence_logprobs_sum_the_token_logprobs(tiny_path):
+    from ppo_lab.models import load_policy, load_tokenizer
+    from ppo_lab.rollout import Sampling, generate
+
+    tok, lm = load_tokenizer("builtin:tiny"), load_policy("builtin:tiny")
+    s = generate(lm, tok, ["the movie was", "it is"], Sampling(max_new_tokens=8, temperature=0.8, stop_ids=(tok.eos_token_id,)), with_logprobs=True)
+    got = sequence_logprobs(lm, s.query_ids, s.query_mask, s.response_ids, s.mask, temperature=0.8)
+    assert torch.allclose(got, (s.old_logprobs * s.mask).sum(1), atol=1e-5)
+
+
+def test_sampled_pairs_and_dpo_on_the_tiny_policy(tiny_path):
+    """Pairs the tiny policy samples, labelled by a noisy Bradley-Terry labeller on VADER; DPO
+    on them moves the implicit reward margin up and leaves the reference alone."""
+    from ppo_lab.models import load_policy, load_tokenizer
+    from ppo_lab.tasks import SentimentTask
+
+    task = SentimentTask()
+    tok, lm = load_tokenizer("builtin:tiny"), load_policy("builtin:tiny")
+    pairs = sampled_preference_pairs(lm, tok, task.train_prompts, task.reward, 64, seed=0, scale=0.2)
+    assert len(pairs) == 64 and all(0.0 < p.p_chosen < 1.0 for p in pairs)
+    assert sum(p.p_chosen > 0.5 for p in pairs) > 32  # most labels agree with the gold reward
+    q, qm, r, m = encode_preferences(tok, pairs[:2])
+    assert q.shape[0] == 4 and (r[torch.arange(4), m.sum(1).long() - 1] == tok.eos_token_id).all()
+    before = {k: v.clone() for k, v in lm.state_dict().items()}
+    history = train_dpo(lm, tok, pairs, beta=0.5, epochs=4, batch_size=16, lr=1e-3)
+    assert history[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-4)  # the first step starts at the reference
+    assert sum(h["dpo/margin"] for h in history[-4:]) / 4 > 0.5
+    assert any(not torch.equal(v, before[k]) for k, v in lm.state_dict().items())
+    with pytest.raises(ValueError, match="no preference pairs"):
+        train_dpo(lm, tok, [])
+    with pytest.raises(ValueError, match="empty prompt or response"):
+        encode_preferences(tok, [PreferencePair("", "good .", "bad .")])
