@@ -75,6 +75,7 @@ _LAZY = {
     "dpo_loss": "dpo",
     "optimal_policy": "dpo",
     "train_dpo": "dpo",
+    "reward_and_kl": "dpo",
     "SequenceClassifierReward": "rewards",
     "sequence_scores": "rewards",
     "get_task": "tasks",

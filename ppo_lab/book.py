@@ -97,13 +97,13 @@ def config(**fields):
     return PPOConfig(**{**base, **fields, "output_dir": fields.get("output_dir") or tempfile.mkdtemp(prefix="ppo_lab-book-")})
 
 
-def train(*, reward_fn=None, train_prompts=None, eval_prompts=None, **fields):
+def train(*, reward_fn=None, train_prompts=None, eval_prompts=None, gold_fn=None, **fields):
     """Train a fresh `PPOTrainer` on `config(**fields)` for its `total_iterations`; returns
-    `(trainer, history)`, the history being one metrics dict per iteration. `reward_fn` and the
-    prompts go to `PPOTrainer` as they are (default: the task's)."""
+    `(trainer, history)`, the history being one metrics dict per iteration. `reward_fn`, the
+    prompts and `gold_fn` go to `PPOTrainer` as they are (default: the task's; no gold)."""
     from .trainer import PPOTrainer
 
-    trainer = PPOTrainer(config(**fields), reward_fn=reward_fn, train_prompts=train_prompts, eval_prompts=eval_prompts)
+    trainer = PPOTrainer(config(**fields), reward_fn=reward_fn, train_prompts=train_prompts, eval_prompts=eval_prompts, gold_fn=gold_fn)
     return trainer, trainer.train()
 
 

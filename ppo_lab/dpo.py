@@ -170,3 +170,31 @@ def train_dpo(model, tokenizer, pairs, *, beta: float = 0.1, epochs: int = 1, ba
     if not all(math.isfinite(h["dpo/loss"]) for h in history):
         raise FloatingPointError("the DPO loss became nan or inf")
     return history
+
+
+@torch.no_grad()
+def reward_and_kl(model, reference, tokenizer, prompts: list[str], reward_fn, *, n: int = 256, max_new_tokens: int = 12, temperature: float = 1.0, seed: int = 0) -> dict:
+    """The two terms of the KL-regularised objective for `model`, estimated from n responses it
+    samples to prompts drawn at random from `prompts` (EOS ends a response):
+
+        reward = mean r(x, y),   kl = mean over responses of log pi(y|x) - log pi_ref(y|x)
+
+    (the summed per-token k1, an unbiased estimate of KL(pi || pi_ref) per prompt), each with its
+    standard error. Any two policies measured with the same `seed` answer the same prompts, so a
+    DPO policy and a PPO policy are compared on one footing. Returns {"reward", "reward_se",
+    "kl", "kl_se", "length"} (length: mean response tokens, EOS included)."""
+    from .rewards import check_scores
+    from .rollout import Sampling, generate
+
+    if n < 2:
+        raise ValueError(f"n = {n} must be >= 2 (a standard error needs two responses)")
+    g = torch.Generator().manual_seed(seed)
+    drawn_prompts = [prompts[i] for i in torch.randint(len(prompts), (n,), generator=g).tolist()]
+    sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, stop_ids=(tokenizer.eos_token_id,))
+    drawn = generate(model, tokenizer, drawn_prompts, sampling, uniforms=torch.rand(n, max_new_tokens, generator=g))
+    texts = tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
+    rows = (drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask)
+    kl = (sequence_logprobs(model, *rows, temperature) - sequence_logprobs(reference, *rows, temperature)).double().cpu()
+    r = check_scores(reward_fn(drawn_prompts, texts), n, "reward_fn").double()
+    se = lambda x: (x.std() / math.sqrt(len(x))).item()  # noqa: E731
+    return {"reward": r.mean().item(), "reward_se": se(r), "kl": kl.mean().item(), "kl_se": se(kl), "length": drawn.mask.sum(1).double().mean().item()}

@@ -70,9 +70,14 @@ class PPOTrainer:
         reward_fn: a callable (prompts, responses) -> scores, which may also take `ended`
             (see `ppo_lab.rewards`) (optional; default from config).
         train_prompts, eval_prompts: lists of prompt strings (optional; default: the task's).
+        gold_fn: a second reward (prompts, responses) -> scores that is measured and never
+            trained on: every rollout's mean is logged as `reward/gold_mean`, and evaluation
+            samples get a "gold" score. With a learned reward model as `reward_fn` and the
+            reward its preference labels came from as `gold_fn`, a run shows over-optimisation
+            (chapter 8). (optional)
     """
 
-    def __init__(self, config: PPOConfig, *, policy=None, tokenizer=None, reward_fn=None, train_prompts=None, eval_prompts=None):
+    def __init__(self, config: PPOConfig, *, policy=None, tokenizer=None, reward_fn=None, train_prompts=None, eval_prompts=None, gold_fn=None):
         self.config = cfg = config
         seed_everything(cfg.seed)
         self.accelerator = make_accelerator(cfg)
@@ -100,6 +105,9 @@ class PPOTrainer:
         self.old_logprobs_from = cfg.old_logprobs if cfg.old_logprobs != "auto" else ("sampling" if cfg.precision == "fp32" else "forward")
         # a reward model with the policy's tokenizer reads the sampled ids, EOS included (rewards.py)
         self.reward_by_ids = reads_token_ids(self.reward_fn, self.tokenizer)
+        if gold_fn is not None and not callable(gold_fn):
+            raise TypeError(f"gold_fn must be a callable (prompts, responses) -> scores, got {type(gold_fn).__name__}")
+        self.gold_fn = gold_fn
         self.score_gain, self.score_bias = 1.0, 0.0  # reference_score_norm's fixed map (set below)
 
         self.iteration, self.bad_updates = 0, 0
@@ -179,6 +187,15 @@ class PPOTrainer:
         are left for `step`. See `rewards.score_responses` for how the reward is called."""
         raw = score_responses(self.reward_fn, prompts, responses, drawn, self.reward_by_ids)
         return check_scores(raw, len(prompts), f"reward {self.reward_name}", finite=False)
+
+    def gold_scores(self, prompts: list[str], responses: list[str]) -> torch.Tensor:
+        """(B,) the `gold_fn` scores of this process's responses, checked (finite)."""
+        return check_scores(self.gold_fn(prompts, responses), len(prompts), "gold_fn")
+
+    def gold_mean(self, prompts: list[str], responses: list[str]) -> float:
+        """The mean gold score of all processes' responses (equal shares per process)."""
+        local = self.gold_scores(prompts, responses).double().mean().to(self.device)
+        return dist.mean_over_processes(self.accelerator, local).item()
 
     def reference_scores(self, n: int) -> torch.Tensor:
         """(n,) scores of n reference-policy responses (see `ppo_lab.reference_norm`)."""
@@ -344,6 +361,8 @@ class PPOTrainer:
             "time/rollout": t1 - t0, "time/update": t2 - t1, "perf/tokens_per_s": n_tokens / max(t2 - t0, 1e-9),
             "perf/peak_memory_mb": dist.max_peak_memory_mb(self.accelerator), "lr": self.scheduler.get_last_lr()[0],
         }
+        if self.gold_fn is not None:
+            metrics["reward/gold_mean"] = self.gold_mean(ro.prompts, ro.responses)
         broken = weights_problem(*norms)
         newest = ckpt.list_checkpoints(self.output_dir / "checkpoints") if broken or self._skipped else []
         self.bad_updates += bool(self._skipped)
@@ -367,7 +386,11 @@ class PPOTrainer:
             drawn = generate(self.lm, self.tokenizer, prompts, self.sampling, device=self.device, uniforms=uniforms)
         responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
         scores = self.score(prompts, responses, drawn)
-        return [{"iteration": self.iteration, "prompt": p, "response": r, "score": s} for p, r, s in zip(prompts, responses, scores.tolist())]
+        samples = [{"iteration": self.iteration, "prompt": p, "response": r, "score": s} for p, r, s in zip(prompts, responses, scores.tolist())]
+        if self.gold_fn is not None:
+            for sample, gold in zip(samples, self.gold_scores(prompts, responses).tolist()):
+                sample["gold"] = gold
+        return samples
 
     def train(self, iterations: int | None = None) -> list[dict]:
         """Run `iterations` PPO iterations (default: the rest of `total_iterations`)."""
@@ -388,6 +411,8 @@ class PPOTrainer:
             if cfg.eval_interval and self.iteration % cfg.eval_interval == 0:
                 samples = self.evaluate()
                 metrics["eval/score_mean"] = sum(s["score"] for s in samples) / len(samples)
+                if self.gold_fn is not None:
+                    metrics["eval/gold_mean"] = sum(s["gold"] for s in samples) / len(samples)
                 self.out.append("samples.jsonl", samples)
             self._log(metrics)
             bar.set_postfix(score=f"{metrics['reward/score_mean']:.3f}", kl=f"{metrics['objective/kl']:.3f}")

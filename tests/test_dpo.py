@@ -113,3 +113,44 @@ def test_sampled_pairs_and_dpo_on_the_tiny_policy(tiny_path):
         train_dpo(lm, tok, [])
     with pytest.raises(ValueError, match="empty prompt or response"):
         encode_preferences(tok, [PreferencePair("", "good .", "bad .")])
+
+
+def test_reward_and_kl_against_a_row_by_row_reference(tiny_path):
+    """reward_and_kl's KL is the mean of log pi(y|x) - log pi_ref(y|x) over the sampled
+    responses, each computed here alone with a full forward and a log_softmax; the reward is the
+    reward's mean on the decoded texts; the reference measured against itself has KL 0."""
+    from ppo_lab.dpo import reward_and_kl
+    from ppo_lab.models import load_policy, load_tokenizer
+    from ppo_lab.rollout import Sampling, generate
+
+    tok, ref = load_tokenizer("builtin:tiny"), load_policy("builtin:tiny")
+    lm = load_policy("builtin:tiny")
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    prompts = ["the movie was", "it is", "the food"]
+    length = lambda ps, rs: [float(len(r.split())) for r in rs]  # noqa: E731
+    got = reward_and_kl(lm, ref, tok, prompts, length, n=6, max_new_tokens=5, temperature=0.7, seed=4)
+    assert reward_and_kl(ref, ref, tok, prompts, length, n=6, max_new_tokens=5, seed=4)["kl"] == 0.0
+    # the same draws, by hand
+    g = torch.Generator().manual_seed(4)
+    drawn = [prompts[i] for i in torch.randint(3, (6,), generator=g).tolist()]
+    s = generate(lm, tok, drawn, Sampling(max_new_tokens=5, temperature=0.7, stop_ids=(tok.eos_token_id,)), uniforms=torch.rand(6, 5, generator=g))
+    texts = tok.batch_decode(s.response_ids, skip_special_tokens=True)
+    kls = []
+    for i in range(6):
+        q = s.query_ids[i][s.query_mask[i].bool()].tolist()
+        r = s.response_ids[i][s.mask[i].bool()].tolist()
+        ids = torch.tensor([q + r])
+        total = 0.0
+        for model, sign in ((lm, 1.0), (ref, -1.0)):
+            with torch.no_grad():
+                logp = torch.log_softmax(model(ids).logits[0].double() / 0.7, -1)
+            total += sign * sum(logp[len(q) - 1 + t, tok_id].item() for t, tok_id in enumerate(r))
+        kls.append(total)
+    assert got["kl"] == pytest.approx(sum(kls) / 6, abs=1e-4)
+    assert got["kl_se"] == pytest.approx(torch.tensor(kls).std().item() / math.sqrt(6), abs=1e-4)
+    assert got["reward"] == pytest.approx(sum(len(t.split()) for t in texts) / 6)
+    assert got["length"] == pytest.approx(s.mask.sum().item() / 6)
+    with pytest.raises(ValueError, match="n = 1"):
+        reward_and_kl(lm, ref, tok, prompts, length, n=1)

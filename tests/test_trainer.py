@@ -42,6 +42,35 @@ def test_metrics_file_has_every_required_name(tiny_path, tmp_path):
     assert (tmp_path / "run" / "policy" / "model.safetensors").exists()
 
 
+def test_gold_fn_is_measured_and_never_trained_on(tiny_path, tmp_path):
+    """A gold reward changes nothing the run does: the metrics are those of the same run without
+    it; `reward/gold_mean` is the gold mean of each rollout's responses (recorded here as the
+    trainer passes them), and evaluation samples carry a "gold" score."""
+    seen = []
+
+    def gold(prompts, responses):
+        scores = [len(r) / 10.0 for r in responses]
+        seen.append(sum(scores) / len(scores))
+        return scores
+
+    cfg = dict(eval_interval=2, eval_prompts=4)
+    plain = PPOTrainer(small_config(tmp_path / "a", **cfg)).train()
+    trainer = PPOTrainer(small_config(tmp_path / "b", **cfg), gold_fn=gold)
+    tracked = trainer.train()
+    drop = {"reward/gold_mean", "eval/gold_mean"}
+    assert [stable({k: v for k, v in m.items() if k not in drop}) for m in tracked] == [stable(m) for m in plain]
+    # two rollouts, then one evaluation after the second
+    assert [m["reward/gold_mean"] for m in tracked] == pytest.approx(seen[:2])
+    samples = trainer.evaluate()
+    assert all(s["gold"] == pytest.approx(len(s["response"]) / 10.0) for s in samples)
+    assert tracked[-1]["eval/gold_mean"] == pytest.approx(seen[2]) and "eval/gold_mean" not in tracked[0]
+    with pytest.raises(TypeError, match="gold_fn must be a callable"):
+        PPOTrainer(small_config(tmp_path / "c"), gold_fn="vader")
+    bad = PPOTrainer(small_config(tmp_path / "d"), gold_fn=lambda ps, rs: [0.0])
+    with pytest.raises(ValueError, match="gold_fn returned scores of shape"):
+        bad.step()
+
+
 def test_the_first_update_step_is_on_policy(tiny_path, tmp_path):
     """Before any optimizer step, the policy's log-probs equal the rollout's: ratio 1 exactly
     when the rollout's log-probs come from the same forward as the update's."""
