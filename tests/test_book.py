@@ -113,3 +113,33 @@ def test_band_draws_median_and_range_and_leaves_gaps_for_missing_metrics():
     ys = list(line.get_ydata())
     assert ys[1:] == [3.0, 4.0] and ys[0] != ys[0]  # medians; nan where a run lacks the metric
     plt.close(fig)
+
+
+def test_glossary_is_sorted_and_every_term_has_its_chinese_equivalent():
+    import re
+
+    text = (ROOT / "book" / "glossary.md").read_text()
+    body = text.split("```{glossary}\n", 1)[1].rsplit("```", 1)[0]
+    entries = re.findall(r"^(\S[^\n]*)\n((?:[ ]{2}[^\n]*\n?)+)", body, flags=re.M)
+    terms = [t for t, _ in entries]
+    assert len(terms) > 50 and terms == sorted(terms, key=str.lower), [a for a, b in zip(terms, terms[1:]) if a.lower() > b.lower()]
+    han = re.compile(r"[\u4e00-\u9fff]")
+    assert all(han.search(d.splitlines()[0]) for _, d in entries), [t for t, d in entries if not han.search(d.splitlines()[0])]
+
+
+def test_the_web_font_holds_every_chinese_character_of_the_book():
+    """The glossary's Chinese terms render without a system CJK font (a minimal Linux, a
+    headless browser): `_static/` ships a Noto Sans CJK SC subset that `_static/cjk.css`
+    declares; a page that gains a character the subset lacks fails here."""
+    from fontTools.ttLib import TTFont
+
+    import cjk_font
+
+    font_file = ROOT / "_static" / "noto-sans-sc-subset.woff2"
+    cmap = TTFont(font_file).getBestCmap()
+    needed = cjk_font.characters()
+    assert len(needed) > 100 and "奖" in needed and "励" in needed
+    missing = "".join(c for c in needed if ord(c) not in cmap)
+    assert not missing, f"the web font lacks {missing!r}: run python book/_scripts/cjk_font.py FONT (see its docstring)"
+    assert font_file.stat().st_size < 100 * 1024  # a subset, not the whole font
+    assert "noto-sans-sc-subset.woff2" in (ROOT / "_static" / "cjk.css").read_text()
