@@ -332,6 +332,8 @@ class PPOTrainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
         ro = self.rollout(self.next_prompts())
+        # measured before the update, so a gold_fn that fails does so before the weights move
+        gold = self.gold_mean(ro.prompts, ro.responses) if self.gold_fn is not None else None
         t1 = time.perf_counter()
         kl_coef = self.kl_ctl.value
         self._skipped = rollout_problems(ro, cfg.whiten_advantages, self.reward_name)
@@ -361,8 +363,8 @@ class PPOTrainer:
             "time/rollout": t1 - t0, "time/update": t2 - t1, "perf/tokens_per_s": n_tokens / max(t2 - t0, 1e-9),
             "perf/peak_memory_mb": dist.max_peak_memory_mb(self.accelerator), "lr": self.scheduler.get_last_lr()[0],
         }
-        if self.gold_fn is not None:
-            metrics["reward/gold_mean"] = self.gold_mean(ro.prompts, ro.responses)
+        if gold is not None:
+            metrics["reward/gold_mean"] = gold
         broken = weights_problem(*norms)
         newest = ckpt.list_checkpoints(self.output_dir / "checkpoints") if broken or self._skipped else []
         self.bad_updates += bool(self._skipped)

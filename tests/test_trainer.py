@@ -67,8 +67,10 @@ def test_gold_fn_is_measured_and_never_trained_on(tiny_path, tmp_path):
     with pytest.raises(TypeError, match="gold_fn must be a callable"):
         PPOTrainer(small_config(tmp_path / "c"), gold_fn="vader")
     bad = PPOTrainer(small_config(tmp_path / "d"), gold_fn=lambda ps, rs: [0.0])
+    before = {k: v.clone() for k, v in bad.lm.state_dict().items()}
     with pytest.raises(ValueError, match="gold_fn returned scores of shape"):
         bad.step()
+    assert all(torch.equal(v, before[k]) for k, v in bad.lm.state_dict().items())  # failed before the update
 
 
 def test_the_first_update_step_is_on_policy(tiny_path, tmp_path):
