@@ -76,6 +76,7 @@ _LAZY = {
     "optimal_policy": "dpo",
     "train_dpo": "dpo",
     "reward_and_kl": "dpo",
+    "kl_regularised_objective": "dpo",
     "SequenceClassifierReward": "rewards",
     "sequence_scores": "rewards",
     "get_task": "tasks",

@@ -51,6 +51,25 @@ def optimal_policy(ref_logprobs: torch.Tensor, rewards: torch.Tensor, beta: floa
     return torch.log_softmax(ref_logprobs + rewards / beta, dim=-1)
 
 
+def kl_regularised_objective(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, rewards: torch.Tensor, beta: float) -> torch.Tensor:
+    """J(pi) = E_pi[r] - beta * KL(pi || pi_ref), exactly, where the responses can be enumerated.
+
+    Args:
+        logprobs: (..., K) log pi(y) of K responses (a distribution over the last dimension).
+        ref_logprobs: (..., K) log pi_ref(y).
+        rewards: (..., K) r(y).
+        beta: the KL coefficient, > 0.
+
+    Returns:
+        (...,) sum_y pi(y) * (r(y) - beta * (log pi(y) - log pi_ref(y))). Its maximum over pi is
+        beta * logsumexp(ref_logprobs + rewards / beta), reached at `optimal_policy`.
+    """
+    check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs, rewards=rewards)
+    check_float(logprobs=logprobs, ref_logprobs=ref_logprobs, rewards=rewards)
+    beta = check_range("beta", beta, low=0.0, low_open=True)
+    return (logprobs.exp() * (rewards - beta * (logprobs - ref_logprobs))).sum(dim=-1)
+
+
 def dpo_loss(
     chosen_logps: torch.Tensor,
     rejected_logps: torch.Tensor,
@@ -191,10 +210,19 @@ def reward_and_kl(model, reference, tokenizer, prompts: list[str], reward_fn, *,
     g = torch.Generator().manual_seed(seed)
     drawn_prompts = [prompts[i] for i in torch.randint(len(prompts), (n,), generator=g).tolist()]
     sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, stop_ids=(tokenizer.eos_token_id,))
-    drawn = generate(model, tokenizer, drawn_prompts, sampling, uniforms=torch.rand(n, max_new_tokens, generator=g))
+    # Measured in eval mode: dropout left on would make both log-probs noisy (chapter 5); the
+    # callers' modes are put back afterwards.
+    modes = [(m, m.training) for m in (model, reference)]
+    try:
+        for m, _ in modes:
+            m.eval()
+        drawn = generate(model, tokenizer, drawn_prompts, sampling, uniforms=torch.rand(n, max_new_tokens, generator=g))
+        rows = (drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask)
+        kl = (sequence_logprobs(model, *rows, temperature) - sequence_logprobs(reference, *rows, temperature)).double().cpu()
+    finally:
+        for m, training in modes:
+            m.train(training)
     texts = tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
-    rows = (drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask)
-    kl = (sequence_logprobs(model, *rows, temperature) - sequence_logprobs(reference, *rows, temperature)).double().cpu()
     r = check_scores(reward_fn(drawn_prompts, texts), n, "reward_fn").double()
     se = lambda x: (x.std() / math.sqrt(len(x))).item()  # noqa: E731
     return {"reward": r.mean().item(), "reward_se": se(r), "kl": kl.mean().item(), "kl_se": se(kl), "length": drawn.mask.sum(1).double().mean().item()}

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from ppo_lab.dpo import dpo_loss, encode_preferences, optimal_policy, sequence_logprobs, train_dpo
+from ppo_lab.dpo import dpo_loss, encode_preferences, kl_regularised_objective, optimal_policy, sequence_logprobs, train_dpo
 from ppo_lab.reward_model import PreferencePair, bradley_terry_labels, sampled_preference_pairs
 
 
@@ -26,6 +26,14 @@ def test_optimal_policy_is_the_closed_form_and_beats_every_other_policy(seed, be
     want = [math.log(w / sum(weights)) for w in weights]
     assert got.tolist() == pytest.approx(want, abs=1e-10)
     best = _objective(got.tolist(), ref.tolist(), r.tolist(), beta)
+    # the objective as a function, against the loop; its maximum is beta log Z, and every policy
+    # falls short of it by exactly beta KL(pi || pi*)
+    assert kl_regularised_objective(got, ref, r, beta).item() == pytest.approx(best, abs=1e-10)
+    assert best == pytest.approx(beta * torch.logsumexp(ref + r / beta, 0).item(), abs=1e-10)
+    other = torch.log_softmax(torch.randn(6, generator=g, dtype=torch.float64), 0)
+    kl_to_best = (other.exp() * (other - got)).sum().item()
+    assert kl_regularised_objective(other, ref, r, beta).item() == pytest.approx(best - beta * kl_to_best, abs=1e-10)
+    assert kl_regularised_objective(other, ref, r, beta).item() == pytest.approx(_objective(other.tolist(), ref.tolist(), r.tolist(), beta), abs=1e-10)
     for _ in range(200):  # random policies, and small perturbations of the optimum
         other = torch.log_softmax(got + 0.3 * torch.randn(6, generator=g, dtype=torch.float64), 0)
         assert _objective(other.tolist(), ref.tolist(), r.tolist(), beta) <= best + 1e-12
@@ -152,5 +160,13 @@ def test_reward_and_kl_against_a_row_by_row_reference(tiny_path):
     assert got["kl_se"] == pytest.approx(torch.tensor(kls).std().item() / math.sqrt(6), abs=1e-4)
     assert got["reward"] == pytest.approx(sum(len(t.split()) for t in texts) / 6)
     assert got["length"] == pytest.approx(s.mask.sum().item() / 6)
+    # a model left in train mode with dropout on is measured in eval mode, and left in train mode
+    drops = [m for m in lm.modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops
+    for m in drops:
+        m.p = 0.5
+    lm.train()
+    again = reward_and_kl(lm, ref, tok, prompts, length, n=6, max_new_tokens=5, temperature=0.7, seed=4)
+    assert again == pytest.approx(got) and lm.training and not ref.training
     with pytest.raises(ValueError, match="n = 1"):
         reward_and_kl(lm, ref, tok, prompts, length, n=1)
