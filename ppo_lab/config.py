@@ -131,6 +131,8 @@ class PPOConfig:
     reference_score_norm: str = _f("none", "Fix a gain and bias once, before training, from the scores of the reference policy's responses: mean-std gives them mean 0 and std 1 (OpenAI 2019), mean gives them mean 0 (N+ centres its SFT references); none = off.", ("none", "mean-std", "mean"))
     reference_score_samples: int = _f(256, "Responses sampled from the reference policy, to prompts drawn at random from the training prompts, to fit reference_score_norm.", low=2)
     # --- run -----------------------------------------------------------------------------
+    reproduce: str | None = _f(None, "Reproduce other implementations' choices where they disagree with ppo_lab's (Appendix A; off by default, never for real training): comma-separated from score-past-last, gae-over-padding, whiten-with-padding, temperature-1-in-scoring, dropout-on (see ppo_lab.disagreements).")
+
     seed: int = _f(0, "Random seed.")
     precision: str = _f("fp32", "Mixed precision (bf16/fp16 on GPU; master weights and loss math stay fp32).", ("fp32", "bf16", "fp16"))
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass (policy and critic) to save memory.")
@@ -201,6 +203,10 @@ class PPOConfig:
             raise ValueError(f"PPOConfig.stop_after = {self.stop_after} leaves no position where a response could stop (max_new_tokens = {self.max_new_tokens})")
         if self.advantage_estimator in ("rloo", "grpo") and self.responses_per_prompt < 2:
             raise ValueError(f"PPOConfig.advantage_estimator = {self.advantage_estimator!r} compares responses to the same prompt: set responses_per_prompt >= 2 (got {self.responses_per_prompt})")
+        from .disagreements import parse_reproduce
+
+        if "gae-over-padding" in parse_reproduce(self.reproduce) and self.advantage_estimator != "gae":
+            raise ValueError(f"PPOConfig.reproduce = 'gae-over-padding' changes the GAE recursion, but advantage_estimator = {self.advantage_estimator!r}; use 'gae'")
         self.check_divisibility(processes=1)
 
     def check_divisibility(self, processes: int) -> None:

@@ -50,6 +50,7 @@ from . import distributed as dist
 from ._checks import NonFiniteError, skip_value_checks
 from .build import PromptStream, build_kl_controllers, build_optimizer, build_roles, build_task, draws, make_accelerator, seed_everything
 from .config import PPOConfig
+from .disagreements import dropout_on, gae_over_padding, parse_reproduce, score_past_last, whiten_with_padding
 from .estimators import get_advantage_estimator
 from .logprobs import logprobs_from_logits
 from .losses import ppo_loss
@@ -98,6 +99,13 @@ class PPOTrainer:
         models = [m for m in (roles.policy, roles.critic) if m is not None]
         *models, self.optimizer = self.accelerator.prepare(*models, optimizer)
         self.policy, self.critic = models[0], (models[1] if roles.critic is not None else None)
+        # Other implementations' choices, for Appendix A only (ppo_lab.disagreements)
+        self.reproduce = parse_reproduce(cfg.reproduce)
+        if "dropout-on" in self.reproduce:
+            for model in models:
+                dropout_on(model)
+        # the temperature of every log-prob forward: the sampling temperature, unless reproducing the mismatch
+        self.score_temperature = 1.0 if "temperature-1-in-scoring" in self.reproduce else cfg.temperature
         self.kl_ctl, self.penalty_ctl = build_kl_controllers(cfg)
         self.estimator = get_advantage_estimator(cfg.advantage_estimator)
         # Old log-probs from the sampling logits save a forward; in half precision the cached
@@ -168,7 +176,7 @@ class PPOTrainer:
         with self.accelerator.autocast():
             drawn = generate(self.lm, self.tokenizer, mine, self.sampling, device=self.device, uniforms=uniforms, with_logprobs=from_sampling, value_head=value_head)
             old_logprobs, ref_logprobs, values, entropy = score_tokens(
-                self.policy, self.reference, self.critic, drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask, self.sampling.temperature,
+                self.policy, self.reference, self.critic, drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask, self.score_temperature,
                 old_logprobs=drawn.old_logprobs, entropy=drawn.entropy, values=drawn.values, batch_size=self.config.forward_batch_size,
             )
         responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
@@ -217,15 +225,37 @@ class PPOTrainer:
         )
         kl_coef = self.kl_ctl.value if cfg.kl_in == "reward" else 0.0
         shaped = shape_rewards(scores, ro.old_logprobs, ro.ref_logprobs, ro.mask, kl_coef, cfg.kl_estimator, cfg.score_clip)
+        if "score-past-last" in self.reproduce:
+            placed = scores.clamp(-cfg.score_clip, cfg.score_clip) if cfg.score_clip is not None else scores
+            shaped = score_past_last(shaped, placed, ro.mask)
         rewards = shaped
         if cfg.whiten_rewards:  # std 1, mean kept: the sign of the KL penalty survives (OpenAI 2019)
             rewards = masked_whiten(shaped, ro.mask, shift_mean=False)
-        advantages, returns = self.estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=cfg.gamma, lam=cfg.lam)
+        estimator = self.estimator
+        if "gae-over-padding" in self.reproduce:
+            estimator = lambda rewards, mask, values, gamma, lam, **_: gae_over_padding(rewards, values, mask, gamma, lam)  # noqa: E731
+        advantages, returns = estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=cfg.gamma, lam=cfg.lam)
         if cfg.critic_lam is not None and cfg.critic_lam != cfg.lam:
-            _, returns = self.estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=cfg.gamma, lam=cfg.critic_lam)
+            _, returns = estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=cfg.gamma, lam=cfg.critic_lam)
         if cfg.whiten_advantages:
-            advantages = masked_whiten(advantages, ro.mask)
+            advantages = whiten_with_padding(advantages, ro.mask) if "whiten-with-padding" in self.reproduce else masked_whiten(advantages, ro.mask)
         return shaped, advantages, returns
+
+    @torch.no_grad()
+    def first_step_metrics(self) -> dict[str, float]:
+        """What the first optimizer step of an update would see, without taking it: a rollout of
+        the first `minibatch_size` training prompts, then the loss metrics of that minibatch under
+        the current weights in train mode. On-policy (dropout off, one temperature in sampling and
+        scoring) every ratio is 1, so policy/ratio_min = ratio_max = 1 and policy/clipfrac = 0,
+        up to float round-off (appendices A and C). The weights, the prompt stream and the
+        iteration count are left as they were."""
+        k = self.config.responses_per_prompt
+        ro = self.rollout(self.train_prompts[: max(self.config.minibatch_size // k, 1)])
+        _, advantages, returns = self.advantages(ro)
+        self._modes(training=True)
+        _, metrics = self.minibatch_loss(ro, torch.arange(len(ro), device=self.device), advantages, returns)
+        self._modes(training=False)
+        return {key: value.item() for key, value in metrics.items()}
 
     # --- 3. the update: epochs of shuffled minibatches --------------------------------------
     def minibatch_loss(self, ro: Rollout, idx: torch.Tensor, advantages, returns):
@@ -235,7 +265,7 @@ class PPOTrainer:
         logits, values, logprobs = None, None, None
         if train_policy or self.critic is None:  # (a value warm-up with a separate critic needs no policy forward)
             logits, values = response_logits(self.policy, q, qm, r, m)
-            logprobs = logprobs_from_logits(logits, r, self.config.temperature)
+            logprobs = logprobs_from_logits(logits, r, self.score_temperature)
         if self.critic is not None:
             values = critic_values(self.critic, q, qm, r, m)
         batch = {"mask": m, "old_logprobs": ro.old_logprobs[idx], "ref_logprobs": ro.ref_logprobs[idx], "advantages": advantages[idx], "returns": returns[idx]}
@@ -278,7 +308,8 @@ class PPOTrainer:
                 # Early stop on a target KL (Stable-Baselines3's `target_kl`): this minibatch's
                 # approx KL, measured before its step, says how far the steps so far moved the
                 # policy from the one that sampled the batch; past target_kl, no further step is
-                # taken on it. The first minibatch is on-policy (KL 0), so one step is always taken.
+                # taken on it. The first minibatch is on-policy (KL 0), so one step is always
+                # taken (unless `reproduce` makes the rollout off-policy, as Appendix A does).
                 kl = torch.zeros_like(norm)
                 if cfg.target_kl is not None and step_metrics.get("policy/approx_kl"):
                     kl = dist.mean_over_processes(acc, torch.stack([v.float() for v in step_metrics["policy/approx_kl"]]).mean())

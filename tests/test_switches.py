@@ -194,3 +194,18 @@ def test_value_warmup_runs_no_policy_forward_in_its_update(tiny_path, tmp_path):
     trainer.iteration = 1  # past the warm-up
     trainer.update(ro, advantages, returns)
     assert calls
+
+
+def test_the_metrics_guide_lists_exactly_the_readme_metrics():
+    """Appendix B's tables name every metric of the README's table (which the test above keeps
+    equal to the emitted keys) once, and nothing else."""
+    import fnmatch
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "book" / "appendix_b_metrics.md").read_text()
+    listed = [re.match(r"\| `([^`]+)`", line).group(1) for line in page.splitlines() if re.match(r"\| `[a-z]", line)]
+    assert len(listed) == len(set(listed)), sorted(k for k in listed if listed.count(k) > 1)
+    names = _readme_metric_names()
+    assert sorted(k for k in listed if not any(fnmatch.fnmatch(k, n) for n in names)) == []
+    assert sorted(n for n in names if not any(fnmatch.fnmatch(k, n) for k in listed)) == []
