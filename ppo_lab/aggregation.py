@@ -14,6 +14,15 @@ weighs in the gradient, and the big implementations differ:
 - "seq-mean-token-sum-norm": sum within each sequence divided by one fixed length L (the
   generation budget), then average (Dr. GRPO, Liu et al. 2025): no per-sequence length
   normaliser, and a constant scale.
+
+Split invariance, decided on purpose. A minibatch is split into micro-batches (gradient
+accumulation) and across processes; averaging the micro-batches' means (each divided by the
+number of micro-batches, as TRL and verl long did) weighs a token of a micro-batch with few
+tokens more than one of a micro-batch with many, so the gradient depends on how the minibatch
+happened to be split (the bug class behind TRL's gradient-accumulation reports). `ppo_lab`
+weighs each micro-batch's aggregate by `micro_batch_weight`: its share of the minibatch's
+normaliser (tokens for token-mean, sequences otherwise), so the weighted sum over any split is
+the aggregate of the whole minibatch, and so is its gradient (property-tested).
 """
 
 from __future__ import annotations
@@ -66,3 +75,31 @@ def aggregate_loss(
     length = loss.shape[-1] if norm_length is None else norm_length
     length = check_range("norm_length", length, low=0.0, low_open=True)
     return seq_sum.mean() / length
+
+
+def aggregation_count(mask: torch.Tensor, loss_agg: str = "token-mean") -> torch.Tensor:
+    """The normaliser `aggregate_loss` divides by, as a count: the real tokens of `mask` (B, T)
+    for "token-mean", its sequences (B) for the seq-mean modes. 0-dim tensor."""
+    check_tensor("mask", mask, ndim=2)
+    check_choice("loss aggregation mode", loss_agg, AGGREGATION_MODES)
+    m = check_mask(mask, mask, "mask")
+    return m.sum() if loss_agg == "token-mean" else torch.tensor(float(m.shape[0]), device=m.device)
+
+
+def micro_batch_weight(micro_mask: torch.Tensor, minibatch_mask: torch.Tensor, loss_agg: str = "token-mean", processes: int = 1) -> torch.Tensor:
+    """The factor that turns a micro-batch's `aggregate_loss` into its share of the minibatch's.
+
+    Args:
+        micro_mask: (b, T) the mask of this process's micro-batch.
+        minibatch_mask: (B, T) the mask of the whole minibatch, over all micro-batches and processes.
+        loss_agg: the aggregation mode.
+        processes: data-parallel processes, whose gradients DDP averages (divides by their number).
+
+    Returns:
+        0-dim tensor, processes x count(micro) / count(minibatch) with `aggregation_count`
+        (a tensor, so that the training loop does not wait for the device). Summed over the
+        micro-batches of a minibatch (and averaged over processes, as DDP does), the weighted
+        aggregates equal the aggregate of the whole minibatch, for any split. With one process
+        and one micro-batch it is exactly 1.
+    """
+    return processes * aggregation_count(micro_mask, loss_agg) / aggregation_count(minibatch_mask, loss_agg)

@@ -19,8 +19,10 @@ How it departs from the textbook algorithm, on purpose:
 3. Dropout is off in every model, so the first update step is exactly on-policy (ratio = 1).
 4. The KL penalty uses the rollout log-probs (fixed during the update) when it is in the
    reward; with `kl_in="loss"` it is recomputed with gradients at every step (GRPO style).
-5. With gradient accumulation, each micro-batch's aggregated loss is divided by the number of
-   micro-batches (as TRL and verl do), so "token-mean" is a mean of micro-batch means.
+5. With gradient accumulation and several processes, each micro-batch's aggregated loss is
+   weighted by its share of the minibatch's tokens (or sequences), so the gradient is that of
+   the whole minibatch however it is split (aggregation.py); a mean of micro-batch means would
+   weigh the tokens of short micro-batches more.
 6. Every random draw of an iteration (the sampled tokens, the minibatch order) comes from a
    generator seeded by (seed, iteration), and each response's tokens depend only on its own
    draws. So a run split over N processes samples the same responses as one process, and a
@@ -51,6 +53,7 @@ from ._checks import NonFiniteError, skip_value_checks
 from .build import PromptStream, build_kl_controllers, build_optimizer, build_roles, build_task, draws, make_accelerator, seed_everything
 from .config import PPOConfig
 from .disagreements import dropout_on, gae_over_padding, parse_reproduce, score_past_last, whiten_with_padding
+from .aggregation import micro_batch_weight
 from .estimators import get_advantage_estimator
 from .logprobs import logprobs_from_logits
 from .losses import ppo_loss
@@ -294,12 +297,16 @@ class PPOTrainer:
                 break
             order = torch.randperm(n, generator=shuffle).to(self.device)
             for start in range(0, n, mb):
-                mine = order[start : start + mb][acc.process_index * ga * micro : (acc.process_index + 1) * ga * micro]
+                minibatch = order[start : start + mb]  # every process holds the whole rollout
+                mine = minibatch[acc.process_index * ga * micro : (acc.process_index + 1) * ga * micro]
                 step_metrics: dict[str, list[torch.Tensor]] = {}
                 for j in range(ga):
+                    rows = mine[j * micro : (j + 1) * micro]
+                    # this micro-batch's share of the minibatch's normaliser: the same gradient for any split
+                    weight = micro_batch_weight(ro.mask[rows], ro.mask[minibatch], cfg.loss_agg, acc.num_processes)
                     with dist.no_sync(acc, (self.policy, self.critic), last=j == ga - 1):
-                        loss, metrics = self.minibatch_loss(ro, mine[j * micro : (j + 1) * micro], advantages, returns)
-                        acc.backward(loss / ga)
+                        loss, metrics = self.minibatch_loss(ro, rows, advantages, returns)
+                        acc.backward(loss * weight)
                     for key, value in metrics.items():
                         step_metrics.setdefault(key, []).append(value)
                 # taken after DDP's all-reduce: every process sees the same norm and decides alike
