@@ -50,10 +50,10 @@ import torch
 from . import checkpoint as ckpt
 from . import distributed as dist
 from ._checks import NonFiniteError, skip_value_checks
+from .aggregation import micro_batch_weight
 from .build import PromptStream, build_kl_controllers, build_optimizer, build_roles, build_task, draws, make_accelerator, seed_everything
 from .config import PPOConfig
 from .disagreements import dropout_on, gae_over_padding, parse_reproduce, score_past_last, whiten_with_padding
-from .aggregation import micro_batch_weight
 from .estimators import get_advantage_estimator
 from .logprobs import logprobs_from_logits
 from .losses import ppo_loss
