@@ -1,9 +1,12 @@
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reference as ref
 from conftest import DTYPES, SEEDS, random_mask, scribble
 from ppo_lab import AGGREGATION_MODES, aggregate_loss
+from ppo_lab.aggregation import aggregation_count, micro_batch_weight
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -38,10 +41,6 @@ def test_unknown_mode_lists_valid_ones():
 
 
 # --- split invariance (chapter 10): the gradient of a minibatch does not depend on its split ----
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from ppo_lab.aggregation import aggregation_count, micro_batch_weight
 
 
 @st.composite
