@@ -31,11 +31,11 @@ def seed_everything(seed: int) -> None:
 
 
 # Fixed stream numbers (not hash(), which changes between processes) for `draws`.
-STREAMS = {"sample": 1, "shuffle": 2, "eval": 3, "reference": 4}
+STREAMS = {"sample": 1, "shuffle": 2, "eval": 3, "reference": 4, "sampler": 5}
 
 
 def draws(seed: int, iteration: int | None, stream: str) -> torch.Generator:
-    """A CPU generator for one purpose ("sample", "shuffle", "eval", "reference") of one
+    """A CPU generator for one purpose ("sample", "shuffle", "eval", "reference", "sampler") of one
     iteration, the same on every process and in a resumed run. (Evaluation and the reference
     responses of `reference_score_norm` pass iteration None: the same draws every time.)"""
     if iteration is None:

@@ -32,6 +32,7 @@ import yaml
 
 from .aggregation import AGGREGATION_MODES
 from .kl import KL_ESTIMATORS
+from .rollout_correction import CORRECTIONS, LEVELS
 
 
 def _f(default, help: str, choices=None, *, low=None, high=None, low_open=False, high_open=False, resume="fixed"):
@@ -78,7 +79,7 @@ class PPOConfig:
     top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off). Makes the PPO ratio approximate.", low=0.0, high=1.0, low_open=True)
     stop_token: str | None = _f(None, "An extra token that ends a response, besides EOS.")
     stop_after: int = _f(0, "A stop token (EOS or stop_token) ends a response only at response position >= stop_after (0-based); an earlier one is an ordinary token. Sampling itself is unchanged, so the ratio stays exact (OpenAI 2019: stop_token '.', stop_after 16).", low=0)
-    old_logprobs: str = _f("auto", "Where the rollout's log-probs (and a shared value head's values) come from: the logits the tokens were sampled from (no extra forward), a separate forward pass, or auto: sampling in fp32, forward in bf16/fp16.", ("auto", "sampling", "forward"))
+    old_logprobs: str = _f("auto", "Where the rollout's log-probs pi_old (and a shared value head's values) come from: the logits the tokens were sampled from (no extra forward; with a sampler that differs from the trainer, verl's bypass form), a separate forward pass of the trainer (the decoupled form), or auto: sampling in fp32 when the sampler is the trainer, else forward.", ("auto", "sampling", "forward"))
     ignore_eos: bool = _f(False, "Never stop a response: sample exactly max_new_tokens tokens, all of them real (for benchmarks).")
     # --- batches -------------------------------------------------------------------------
     rollout_batch_size: int = _f(64, "Responses sampled per PPO iteration (global: each of N processes samples rollout_batch_size / N).", low=1)
@@ -130,12 +131,20 @@ class PPOConfig:
     missing_eos_score: float | None = _f(None, "Replace the score of a response that ran out of tokens (no stop token at a position >= stop_after) by this value (N and N+: -1; None = off).")
     reference_score_norm: str = _f("none", "Fix a gain and bias once, before training, from the scores of the reference policy's responses: mean-std gives them mean 0 and std 1 (OpenAI 2019), mean gives them mean 0 (N+ centres its SFT references); none = off.", ("none", "mean-std", "mean"))
     reference_score_samples: int = _f(256, "Responses sampled from the reference policy, to prompts drawn at random from the training prompts, to fit reference_score_norm.", low=2)
+    # --- the sampler and the trainer (chapter 9) ------------------------------------------
+    rollout_correction: str = _f("none", "Importance weights for the gap between the sampler's log-probs and the trainer's (decoupled form: needs old_logprobs forward, which auto picks): tis truncates rho = pi_old / pi_sampler at rollout_correction_high; mis (IcePop) keeps rho inside [rollout_correction_low, rollout_correction_high] and zeroes it outside.", CORRECTIONS)
+    rollout_correction_level: str = _f("token", "The ratio the correction acts on: each token's, or each response's product over its tokens (the same weight for all its tokens).", LEVELS)
+    rollout_correction_low: float = _f(0.0, "Lower bound of mis (IcePop uses 0.5).", low=0.0)
+    rollout_correction_high: float = _f(2.0, "Upper bound of tis and mis (the TIS recipes use 2; IcePop 5).", low=1.0)
+    sampler_noise: float = _f(0.0, "Experiments only: sample from a copy of the policy whose every weight is multiplied by (1 + sampler_noise x N(0, 1)), drawn afresh each iteration; a stand-in for an inference engine whose numerics differ from the trainer's.", low=0.0)
+    sampler_precision: str = _f("same", "Experiments only: bf16 samples under bfloat16 autocast while the trainer's forwards keep `precision` (the sampler/trainer gap of an fp32 trainer).", ("same", "bf16"))
     # --- experiments only: other implementations' choices (Appendix A) --------------------
     reproduce: str | None = _f(None, "Reproduce other implementations' choices where they disagree with ppo_lab's (Appendix A; off by default, never for real training): comma-separated from score-past-last, gae-over-padding, whiten-with-padding, temperature-1-in-scoring, dropout-on (see ppo_lab.disagreements).")
     # --- run -----------------------------------------------------------------------------
     seed: int = _f(0, "Random seed.")
     precision: str = _f("fp32", "Mixed precision (bf16/fp16 on GPU; master weights and loss math stay fp32).", ("fp32", "bf16", "fp16"))
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass (policy and critic) to save memory.")
+    logprob_chunk_size: int | None = _f(None, "Compute log-probs and entropies this many response tokens at a time: the LM head runs on one chunk of hidden states, and in training is recomputed chunk by chunk in the backward pass, so the float32 (tokens x vocabulary) logits of a whole micro-batch never exist (None = all at once).", low=1)
     torch_compile: bool = _f(False, "Compile the training forwards with torch.compile.")
     lora_r: int = _f(0, "LoRA rank (0 = train all weights). With LoRA the reference is the policy with its adapter disabled: no second copy.", low=0)
     lora_alpha: float = _f(16.0, "LoRA scaling alpha.", low=0.0, low_open=True)
@@ -203,6 +212,14 @@ class PPOConfig:
             raise ValueError(f"PPOConfig.stop_after = {self.stop_after} leaves no position where a response could stop (max_new_tokens = {self.max_new_tokens})")
         if self.advantage_estimator in ("rloo", "grpo") and self.responses_per_prompt < 2:
             raise ValueError(f"PPOConfig.advantage_estimator = {self.advantage_estimator!r} compares responses to the same prompt: set responses_per_prompt >= 2 (got {self.responses_per_prompt})")
+        if self.rollout_correction != "none" and self.old_logprobs == "sampling":
+            raise ValueError(
+                f"PPOConfig.rollout_correction = {self.rollout_correction!r} weights tokens by pi_old / pi_sampler, but old_logprobs = 'sampling' "
+                "takes the sampler's log-probs as pi_old (the bypass form), where the PPO ratio already is the importance weight; "
+                "use old_logprobs: forward (or auto), or rollout_correction: none"
+            )
+        if self.rollout_correction_low >= self.rollout_correction_high:
+            raise ValueError(f"PPOConfig.rollout_correction_low = {self.rollout_correction_low!r} must be below rollout_correction_high = {self.rollout_correction_high!r}")
         from .disagreements import parse_reproduce
 
         if "gae-over-padding" in parse_reproduce(self.reproduce) and self.advantage_estimator != "gae":

@@ -105,3 +105,68 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
         weighted = torch.where(probs > 0, probs * row, torch.zeros_like(row))
         out.append(torch.logsumexp(row, dim=-1) - weighted.sum(dim=-1))
     return torch.stack(out)  # (B, T)
+
+
+def _chunk_logprobs(hidden: torch.Tensor, ids: torch.Tensor, head, temperature: float, with_entropy: bool):
+    """Log-probs (and entropies) of one chunk of N positions: hidden (N, H), ids (N,) -> (N,) each."""
+    z = head(hidden)
+    z = z.float() if z.dtype not in _FULL_PRECISION else z
+    if temperature != 1.0:
+        z = z / temperature
+    norm = torch.logsumexp(z, dim=-1)
+    logprobs = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - norm
+    if not with_entropy:
+        return logprobs, None
+    probs = torch.softmax(z, dim=-1)
+    weighted = torch.where(probs > 0, probs * z, torch.zeros_like(z))
+    return logprobs, norm - weighted.sum(dim=-1)
+
+
+def chunked_logprobs(
+    hidden: torch.Tensor, head, response_ids: torch.Tensor, temperature: float = 1.0, chunk_size: int = 1024, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities (and entropies) of the response tokens, from hidden states, a chunk at a time.
+
+    Args:
+        hidden: (B, T, H) the last hidden states that predict each response token (the model's
+            final norm applied; what its LM head reads).
+        head: the LM head, a module or function mapping (N, H) to (N, V) logits.
+        response_ids: (B, T) integer token ids.
+        temperature: tau > 0, the sampling temperature.
+        chunk_size: positions per chunk (of the B * T flattened ones).
+        with_entropy: also return the (B, T) entropies.
+
+    Returns:
+        ((B, T) log-probs, (B, T) entropies or None), float32 for half-precision logits.
+
+    Equal to `logprobs_from_logits(head(hidden), response_ids, temperature)` (and
+    `entropy_from_logits`) up to float round-off, with at most `chunk_size` x V logits alive at
+    once. With gradients, each chunk runs under activation checkpointing
+    (`torch.utils.checkpoint`): its logits are dropped after the forward and recomputed in the
+    backward pass, so the backward holds one chunk's logits, gradient and softmax, not the
+    micro-batch's (what verl's `entropy_checkpointing` and Liger's fused linear cross-entropy
+    also avoid).
+    """
+    check_tensor("hidden", hidden, ndim=3)
+    check_tensor("response_ids", response_ids, ndim=2)
+    if hidden.shape[:2] != response_ids.shape:
+        raise ValueError(f"`hidden` has shape {tuple(hidden.shape)} but `response_ids` has shape {tuple(response_ids.shape)}; expected (B, T, H) and (B, T)")
+    temperature = check_range("temperature", temperature, low=0.0, low_open=True)
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size = {chunk_size!r} must be a positive integer")
+    from torch.utils.checkpoint import checkpoint
+
+    B, T, H = hidden.shape
+    flat, ids = hidden.reshape(B * T, H), response_ids.reshape(B * T)
+    recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in getattr(head, "parameters", lambda: [])()))
+    lps, ents = [], []
+    for start in range(0, B * T, chunk_size):
+        h, i = flat[start : start + chunk_size], ids[start : start + chunk_size]
+        if recompute:
+            lp, ent = checkpoint(_chunk_logprobs, h, i, head, temperature, with_entropy, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(h, i, head, temperature, with_entropy)
+        lps.append(lp)
+        ents.append(ent)
+    logprobs = torch.cat(lps).reshape(B, T)
+    return logprobs, (torch.cat(ents).reshape(B, T) if with_entropy else None)

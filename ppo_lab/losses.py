@@ -21,7 +21,6 @@ import torch
 from .aggregation import aggregate_loss
 from .clipping import clipped_policy_loss, kl_penalized_policy_loss
 from .kl import kl_penalty
-from .logprobs import entropy_from_logits
 from .value import clipped_value_loss
 
 # A policy loss: (logprobs, old_logprobs, advantages, mask, *, config fields) -> (loss, metrics);
@@ -63,8 +62,8 @@ def kl_penalty_loss(logprobs, old_logprobs, advantages, mask, *, penalty_beta, l
 def ppo_loss(
     config,
     *,
-    logits: torch.Tensor | None,
     logprobs: torch.Tensor | None,
+    entropy: torch.Tensor | None = None,
     values: torch.Tensor | None,
     batch: dict[str, torch.Tensor],
     kl_coef: float,
@@ -76,9 +75,10 @@ def ppo_loss(
     Args:
         config: the `PPOConfig` (policy_loss, its clip settings, vf_coef, entropy_coef, kl_in,
             kl_estimator, value_clip, loss_agg).
-        logits: (B, T, V) the current policy's logits for the response tokens, with gradient
-            (None when `train_policy` is False: only the value loss is computed).
-        logprobs: (B, T) log pi_theta of the response tokens, with gradient (None likewise).
+        logprobs: (B, T) log pi_theta of the response tokens, with gradient (None when
+            `train_policy` is False: only the value loss is computed).
+        entropy: (B, T) the current policy's entropy at each response position, with gradient;
+            needed when `config.entropy_coef` > 0.
         values: (B, T) the current critic's values, with gradient; None without a critic.
         batch: the rollout's rows of this micro-batch, each (B, T): "old_logprobs",
             "ref_logprobs", "advantages", "returns", "mask", and "old_values" with a critic.
@@ -102,7 +102,9 @@ def ppo_loss(
         metrics.update(v_metrics)
         metrics["loss/value"] = vf_loss.detach()
     if train_policy and config.entropy_coef > 0:
-        entropy = aggregate_loss(entropy_from_logits(logits, config.temperature), m, config.loss_agg)
+        if entropy is None:
+            raise ValueError("ppo_loss: config.entropy_coef > 0 needs the policy's `entropy` (B, T)")
+        entropy = aggregate_loss(entropy, m, config.loss_agg)
         loss = loss - config.entropy_coef * entropy
         metrics["loss/entropy"] = entropy.detach()
     if train_policy and config.kl_in == "loss":

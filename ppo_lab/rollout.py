@@ -15,12 +15,13 @@ into everything the update needs:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
 from ._checks import NonFiniteError
-from .logprobs import entropy_from_logits, logprobs_from_logits
+from .logprobs import chunked_logprobs, entropy_from_logits, logprobs_from_logits
 from .masked import response_mask
 
 
@@ -41,6 +42,8 @@ class Rollout:
     scores: torch.Tensor  # (B,) raw scores from the reward
     has_eos: torch.Tensor  # (B,) whether the response stopped by itself
     group_ids: torch.Tensor  # (B,) index of the prompt each response answers
+    sampler_logprobs: torch.Tensor | None = None  # log pi_s: the sampler's log-probs of the tokens (None if not kept)
+    weights: torch.Tensor | None = None  # rollout-correction weights pi_old / pi_s, truncated or masked (None: off)
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -74,6 +77,74 @@ def response_logits(model, query_ids, query_mask, response_ids, mask):
     values = out[1] if isinstance(out, tuple) else None
     logits = logits[:, -(r + 1) : -1]  # the position before each response token
     return logits, (values[:, p - 1 : -1] if values is not None else None)
+
+
+def output_head(model):
+    """The LM head (output embedding) of `model`, through DDP, torch.compile, peft and the
+    shared critic's `PolicyWithValueHead` wrappers."""
+    found = _unwrap(model, "get_output_embeddings")
+    for attribute in ("lm", "policy"):  # PolicyWithValueHead.lm, lora.LoRAReference.policy
+        holder = _unwrap(model, attribute) if found is None else None
+        if holder is not None:
+            found = _unwrap(getattr(holder, attribute), "get_output_embeddings")
+    head = found.get_output_embeddings() if found is not None else None
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embedding (LM head): logprob_chunk_size needs one")
+    return head
+
+
+@contextlib.contextmanager
+def hidden_states_as_logits(model):
+    """Inside this block the LM head of `model` returns its input, so the model's "logits" are
+    the hidden states its head would read. The forward still runs through every wrapper (DDP
+    needs that), and the head's weight is then applied chunk by chunk (`chunked_logprobs`)."""
+    head = output_head(model)
+    had = "forward" in vars(head)
+    saved = vars(head).get("forward")
+    head.forward = lambda x: x
+    try:
+        yield head
+    finally:
+        if had:
+            head.forward = saved
+        else:
+            del head.forward
+
+
+def response_logprobs(model, query_ids, query_mask, response_ids, mask, temperature, *, chunk_size=None, with_entropy=False):
+    """(logprobs, entropy or None, values or None) of the response tokens under `model`, each (B, T).
+
+    With `chunk_size` the (B, T, V) logits are never formed: the forward returns hidden states
+    and `chunked_logprobs` applies the LM head `chunk_size` positions at a time (the model must
+    compute its logits as head(hidden); `check_chunkable` tests that once).
+    """
+    if chunk_size is None:
+        logits, values = response_logits(model, query_ids, query_mask, response_ids, mask)
+        entropy = entropy_from_logits(logits, temperature) if with_entropy else None
+        return logprobs_from_logits(logits, response_ids, temperature), entropy, values
+    with hidden_states_as_logits(model) as head:
+        hidden, values = response_logits(model, query_ids, query_mask, response_ids, mask)
+    logprobs, entropy = chunked_logprobs(hidden, head, response_ids, temperature, chunk_size, with_entropy)
+    return logprobs, entropy, values
+
+
+@torch.no_grad()
+def check_chunkable(model, input_ids: torch.Tensor) -> None:
+    """Refuse `logprob_chunk_size` for a model whose logits are not its head applied to the
+    hidden states (Gemma 2's soft-capping and Cohere's logit scale act after the head)."""
+    attention = torch.ones_like(input_ids)
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=False)
+    logits = (out[0] if isinstance(out, tuple) else out.logits).float()
+    with hidden_states_as_logits(model) as head:
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=False)
+        hidden = out[0] if isinstance(out, tuple) else out.logits
+    rebuilt = head(hidden).float()
+    if rebuilt.shape != logits.shape or not torch.allclose(rebuilt, logits, rtol=1e-3, atol=1e-3 * (1 + logits.abs().max().item())):
+        raise ValueError(
+            f"PPOConfig.logprob_chunk_size needs logits = lm_head(hidden states), but {type(model).__name__} changes its logits "
+            "after the head (e.g. soft-capping or a logit scale); set logprob_chunk_size to None for this model"
+        )
 
 
 def _unwrap(model, attribute: str):
@@ -270,7 +341,7 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
 
 
 @torch.no_grad()
-def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids, mask, temperature, *, old_logprobs=None, entropy=None, values=None, batch_size=None):
+def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids, mask, temperature, *, old_logprobs=None, entropy=None, values=None, batch_size=None, chunk_size=None):
     """(old_logprobs, ref_logprobs, values, entropy) of the sampled tokens, each (B, T); values None without a critic.
 
     `critic` is None when the policy carries the value head (its forward returns values too).
@@ -278,13 +349,15 @@ def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids,
     as given, and a forward that would only recompute it is skipped. `batch_size` (default: all
     rows at once) scores that many rows per forward, which bounds the (rows, T, V)
     logits held at once; each row's results do not depend on it beyond float round-off.
+    `chunk_size` computes the log-probs from hidden states, that many positions at a time
+    (`response_logprobs`).
     """
     n = query_ids.shape[0]
     if batch_size is not None and batch_size < n:
         parts = [
             score_tokens(
                 policy, reference, critic, query_ids[i : i + batch_size], query_mask[i : i + batch_size],
-                response_ids[i : i + batch_size], mask[i : i + batch_size], temperature,
+                response_ids[i : i + batch_size], mask[i : i + batch_size], temperature, chunk_size=chunk_size,
                 **{k: v[i : i + batch_size] if v is not None else None for k, v in (("old_logprobs", old_logprobs), ("entropy", entropy), ("values", values))},
             )
             for i in range(0, n, batch_size)
@@ -292,16 +365,14 @@ def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids,
         return tuple(torch.cat(list(column)) if column[0] is not None else None for column in zip(*parts))
     need_values = critic is None and values is None and _unwrap(policy, "v_head") is not None
     if old_logprobs is None or need_values:
-        logits, head_values = response_logits(policy, query_ids, query_mask, response_ids, mask)
+        logprobs, head_entropy, head_values = response_logprobs(
+            policy, query_ids, query_mask, response_ids, mask, temperature, chunk_size=chunk_size, with_entropy=old_logprobs is None
+        )
         if old_logprobs is None:
-            old_logprobs = logprobs_from_logits(logits, response_ids, temperature)
-            entropy = entropy_from_logits(logits, temperature)
+            old_logprobs, entropy = logprobs, head_entropy
         if need_values:
             values = head_values
-        del logits
-    ref_logits, _ = response_logits(reference, query_ids, query_mask, response_ids, mask)
-    ref_logprobs = logprobs_from_logits(ref_logits, response_ids, temperature)
-    del ref_logits
+    ref_logprobs, _, _ = response_logprobs(reference, query_ids, query_mask, response_ids, mask, temperature, chunk_size=chunk_size)
     if critic is not None and values is None:
         values = critic_values(critic, query_ids, query_mask, response_ids, mask)
     return old_logprobs, ref_logprobs, (values.float() if values is not None else None), entropy

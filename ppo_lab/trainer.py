@@ -39,6 +39,8 @@ several processes (distributed.py), the run's folder (run_output.py) and checkpo
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import time
 import uuid
@@ -55,13 +57,13 @@ from .build import PromptStream, build_kl_controllers, build_optimizer, build_ro
 from .config import PPOConfig
 from .disagreements import dropout_on, gae_over_padding, parse_reproduce, score_past_last, whiten_with_padding
 from .estimators import get_advantage_estimator
-from .logprobs import logprobs_from_logits
 from .losses import ppo_loss
 from .masked import masked_whiten
 from .metrics import health_message, mean_metrics, rollout_metrics, rollout_problems, weight_norm, weights_problem
 from .models import PolicyWithValueHead
 from .rewards import check_scores, reads_token_ids, score_responses
-from .rollout import Rollout, critic_values, generate, response_logits, score_tokens
+from .rollout_correction import correction_weights, gap_metrics
+from .rollout import Rollout, check_chunkable, critic_values, generate, response_logprobs, score_tokens
 from .run_output import RunOutput, save_policy
 from .shaping import adjust_scores, reference_normalization, shape_rewards
 
@@ -109,11 +111,19 @@ class PPOTrainer:
                 dropout_on(model)
         # the temperature of every log-prob forward: the sampling temperature, unless reproducing the mismatch
         self.score_temperature = 1.0 if "temperature-1-in-scoring" in self.reproduce else cfg.temperature
+        if cfg.logprob_chunk_size:  # refuse a model whose logits are not lm_head(hidden), before any training
+            ids = self.tokenizer(self.train_prompts[:1], return_tensors="pt", add_special_tokens=False)["input_ids"].to(self.device)
+            check_chunkable(self.bare(self.policy), ids)
         self.kl_ctl, self.penalty_ctl = build_kl_controllers(cfg)
         self.estimator = get_advantage_estimator(cfg.advantage_estimator)
         # Old log-probs from the sampling logits save a forward; in half precision the cached
-        # and the full forward disagree by ~1e-2 nats, so they are recomputed there.
-        self.old_logprobs_from = cfg.old_logprobs if cfg.old_logprobs != "auto" else ("sampling" if cfg.precision == "fp32" else "forward")
+        # and the full forward disagree by ~1e-2 nats, so they are recomputed there, and so they
+        # are when the sampler is not the trainer (chapter 9: the decoupled form).
+        self.sampler_differs = cfg.sampler_noise > 0 or cfg.sampler_precision != "same"
+        same = cfg.precision == "fp32" and not self.sampler_differs and cfg.rollout_correction == "none"
+        self.old_logprobs_from = cfg.old_logprobs if cfg.old_logprobs != "auto" else ("sampling" if same else "forward")
+        # the sampler's own copy of the weights, perturbed at every rollout (chapter 9's stand-in for an inference engine)
+        self.sampler_lm = copy.deepcopy(self.lm).requires_grad_(False) if cfg.sampler_noise > 0 else None
         # a reward model with the policy's tokenizer reads the sampled ids, EOS included (rewards.py)
         self.reward_by_ids = reads_token_ids(self.reward_fn, self.tokenizer)
         if gold_fn is not None and not callable(gold_fn):
@@ -170,17 +180,21 @@ class PPOTrainer:
         uniforms = torch.rand(len(repeated), self.sampling.max_new_tokens, generator=draws(self.config.seed, self.iteration, "sample"))[lo:hi]
         from_sampling = self.old_logprobs_from == "sampling"
         policy = self.bare(self.policy)
-        value_head = policy.v_head if from_sampling and isinstance(policy, PolicyWithValueHead) else None
+        # (a sampler that differs from the trainer has no value head: the values come from a forward)
+        value_head = policy.v_head if from_sampling and not self.sampler_differs and isinstance(policy, PolicyWithValueHead) else None
         self._modes(training=False)
         # One autocast region for every forward (the sampling loop calls the bare LM, outside
         # the autocast accelerate wraps the prepared model in): in bf16 the policy and the
         # reference then agree exactly before the first update, and the bf16 copies of the
         # weights are made once per rollout, not once per token.
         with self.accelerator.autocast():
-            drawn = generate(self.lm, self.tokenizer, mine, self.sampling, device=self.device, uniforms=uniforms, with_logprobs=from_sampling, value_head=value_head)
+            with self.sampler_autocast():
+                # the sampler's log-probs are kept beside the trainer's (computed from the logits each token was drawn from)
+                drawn = generate(self.sampler(), self.tokenizer, mine, self.sampling, device=self.device, uniforms=uniforms, with_logprobs=True, value_head=value_head)
             old_logprobs, ref_logprobs, values, entropy = score_tokens(
                 self.policy, self.reference, self.critic, drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask, self.score_temperature,
-                old_logprobs=drawn.old_logprobs, entropy=drawn.entropy, values=drawn.values, batch_size=self.config.forward_batch_size,
+                old_logprobs=drawn.old_logprobs if from_sampling else None, entropy=drawn.entropy if from_sampling else None,
+                values=drawn.values, batch_size=self.config.forward_batch_size, chunk_size=self.config.logprob_chunk_size,
             )
         responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
         scores = self.score(mine, responses, drawn).to(self.device)
@@ -188,10 +202,36 @@ class PPOTrainer:
         parts = dict(
             responses=responses, query_ids=drawn.query_ids, query_mask=drawn.query_mask, response_ids=drawn.response_ids, mask=drawn.mask,
             old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values, entropy=entropy, scores=scores, has_eos=has_eos,
+            sampler_logprobs=drawn.old_logprobs,
         )
         parts = dist.gather_rollout(self.accelerator, parts, self.tokenizer.pad_token_id)
         group_ids = torch.arange(len(prompts), device=self.device).repeat_interleave(k)
-        return Rollout(prompts=repeated, group_ids=group_ids, **parts)
+        ro = Rollout(prompts=repeated, group_ids=group_ids, **parts)
+        cfg = self.config
+        if cfg.rollout_correction != "none":  # (decoupled form only: PPOConfig refuses it with old_logprobs sampling)
+            ro.weights = correction_weights(
+                ro.old_logprobs, ro.sampler_logprobs, ro.mask, kind=cfg.rollout_correction, level=cfg.rollout_correction_level,
+                low=cfg.rollout_correction_low, high=cfg.rollout_correction_high,
+            )
+        return ro
+
+    def sampler(self):
+        """The model that samples: the policy, or (sampler_noise > 0) its copy with every weight
+        multiplied by 1 + sampler_noise x N(0, 1), drawn for this iteration."""
+        if self.sampler_lm is None:
+            return self.lm
+        noise = draws(self.config.seed, self.iteration, "sampler")
+        with torch.no_grad():
+            for copied, weight in zip(self.sampler_lm.parameters(), self.lm.parameters()):
+                scale = 1 + self.config.sampler_noise * torch.randn(weight.shape, generator=noise)
+                copied.copy_(weight * scale.to(weight.device, weight.dtype))
+        return self.sampler_lm
+
+    def sampler_autocast(self):
+        """bfloat16 autocast around sampling when `sampler_precision` is bf16, else nothing."""
+        if self.config.sampler_precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def score(self, prompts: list[str], responses: list[str], drawn) -> torch.Tensor:
         """(B,) raw scores of `drawn` (a `rollout.Sample`) from the reward, checked; nan and inf
@@ -265,17 +305,24 @@ class PPOTrainer:
         """The loss of the rollout's rows `idx` under the current weights, and its metrics."""
         q, qm, r, m = ro.query_ids[idx], ro.query_mask[idx], ro.response_ids[idx], ro.mask[idx]
         train_policy = self.iteration >= self.config.value_warmup_iterations
-        logits, values, logprobs = None, None, None
+        values, logprobs, entropy = None, None, None
         if train_policy or self.critic is None:  # (a value warm-up with a separate critic needs no policy forward)
-            logits, values = response_logits(self.policy, q, qm, r, m)
-            logprobs = logprobs_from_logits(logits, r, self.score_temperature)
+            chunk = self.config.logprob_chunk_size
+            # the chunked LM head runs outside the model's forward, so outside the autocast accelerate gives it
+            with self.accelerator.autocast() if chunk else contextlib.nullcontext():
+                logprobs, entropy, values = response_logprobs(
+                    self.policy, q, qm, r, m, self.score_temperature, chunk_size=chunk, with_entropy=train_policy and self.config.entropy_coef > 0
+                )
         if self.critic is not None:
             values = critic_values(self.critic, q, qm, r, m)
-        batch = {"mask": m, "old_logprobs": ro.old_logprobs[idx], "ref_logprobs": ro.ref_logprobs[idx], "advantages": advantages[idx], "returns": returns[idx]}
+        # a rollout-correction weight w >= 0 scales the advantage, which for the clipped losses is
+        # the same as scaling the token's loss: w min(rA, clip(r)A) = min(r wA, clip(r) wA)
+        adv = advantages[idx] if ro.weights is None else advantages[idx] * ro.weights[idx]
+        batch = {"mask": m, "old_logprobs": ro.old_logprobs[idx], "ref_logprobs": ro.ref_logprobs[idx], "advantages": adv, "returns": returns[idx]}
         if ro.values is not None:
             batch["old_values"] = ro.values[idx]
         return ppo_loss(
-            self.config, logits=logits, logprobs=logprobs, values=values if ro.values is not None else None,
+            self.config, logprobs=logprobs, entropy=entropy, values=values if ro.values is not None else None,
             batch=batch, kl_coef=self.kl_ctl.value, penalty_beta=self.penalty_ctl.value if self.penalty_ctl else 0.0,
             train_policy=train_policy,
         )
@@ -387,6 +434,12 @@ class PPOTrainer:
                 scores=ro.scores, has_eos=ro.has_eos, old_logprobs=ro.old_logprobs, ref_logprobs=ro.ref_logprobs, entropy=ro.entropy,
                 mask=ro.mask, rewards=rewards, advantages=advantages, kl_coef=kl_coef, kl_in=cfg.kl_in, kl_estimator=cfg.kl_estimator,
             )
+        if self.old_logprobs_from == "forward":  # the trainer's log-probs beside the sampler's: how far apart they are
+            with skip_value_checks():
+                stats.update(gap_metrics(
+                    ro.old_logprobs, ro.sampler_logprobs, ro.mask, ro.weights if ro.weights is not None else ro.mask.float(),
+                    kind=cfg.rollout_correction, level=cfg.rollout_correction_level,
+                ))
         extra = {"tokens": ro.mask.sum(), "norm_before": norm_before, "norm_after": weight_norm(self._trained_parameters())}
         stats = dict(zip([*stats, *extra], torch.stack([v.detach().float().to(self.device) for v in [*stats.values(), *extra.values()]]).tolist()))
         n_tokens, norms = stats.pop("tokens"), (stats.pop("norm_before"), stats.pop("norm_after"))
