@@ -30,6 +30,8 @@ module                 what it holds                                   chapter
 `reward_model`         Bradley-Terry reward models                     8
 `checkpoint`, `resume` checkpoints and resuming a run exactly          9
 `distributed`          several processes: shard, gather, no_sync       9
+`memory`               the memory of a PPO setup: estimate, measure    9
+`rollout_correction`   weights for the sampler/trainer gap (TIS, MIS)  9
 =====================  ==============================================  =========
 
 The math is imported eagerly (it needs only torch); the trainer, which imports transformers and
@@ -48,9 +50,10 @@ from .gae import compute_gae
 from .importance import effective_sample_size, importance_weights
 from .kl import KL_ESTIMATORS, full_kl, kl_penalty
 from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLController
-from .logprobs import entropy_from_logits, logprobs_from_logits
+from .logprobs import chunked_logprobs, entropy_from_logits, logprobs_from_logits
 from .masked import masked_mean, masked_var, masked_whiten, response_mask
 from .policy_gradient import discounted_returns, reinforce_loss
+from .rollout_correction import correction_weights, gap_metrics
 from .shaping import adjust_scores, last_real_index, reference_normalization, shape_rewards
 from .value import clipped_value_loss, explained_variance
 
@@ -81,10 +84,13 @@ _LAZY = {
     "sequence_scores": "rewards",
     "get_task": "tasks",
     "tiny_model_path": "tiny",
+    "estimate_memory": "memory",
+    "ModelShape": "memory",
+    "TensorMemory": "memory",
 }
 
 
-_LAZY_MODULES = {"book", "build", "checkpoint", "config", "distributed", "dpo", "hf", "lora", "losses", "metrics", "models", "plotting", "reference_norm", "resume", "reward_model", "rewards", "rollout", "run_output", "tasks", "tiny", "trainer"}
+_LAZY_MODULES = {"book", "build", "checkpoint", "config", "distributed", "dpo", "hf", "lora", "losses", "memory", "metrics", "models", "plotting", "reference_norm", "resume", "reward_model", "rewards", "rollout", "run_output", "tasks", "tiny", "trainer"}
 
 
 def __getattr__(name):
@@ -109,15 +115,18 @@ __all__ = [
     "__version__",
     "adjust_scores",
     "aggregate_loss",
+    "chunked_logprobs",
     "clipped_policy_loss",
     "clipped_value_loss",
     "compute_advantages",
     "compute_gae",
+    "correction_weights",
     "discounted_returns",
     "effective_sample_size",
     "entropy_from_logits",
     "explained_variance",
     "full_kl",
+    "gap_metrics",
     "get_advantage_estimator",
     "importance_weights",
     "kl_penalized_policy_loss",

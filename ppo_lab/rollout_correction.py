@@ -90,6 +90,9 @@ def gap_metrics(
 ) -> dict[str, torch.Tensor]:
     """How far the sampler is from the trainer, and what the correction did (0-dim tensors).
 
+    Takes `old_logprobs`, `sampler_logprobs`, `mask` and `weights`, each (B, T), as in
+    `correction_weights`.
+
     "sampler/kl": KL(pi_s || pi_old) per token, estimated with k3 = rho - 1 - log rho on the
     sampled tokens (unbiased, never negative); "sampler/ess": the effective sample size of the
     token ratios as a fraction, (mean rho)^2 / mean(rho^2), 1 with no gap (verl's

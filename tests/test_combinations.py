@@ -46,6 +46,9 @@ SWITCHES = {
     "missing_eos_score": [None, -1.0],
     "reference_score_norm": ["none", "mean-std"],
     "stop_after": [0, 3],
+    "logprob_chunk_size": [None, 5],
+    "rollout_correction": ["none", "tis", "mis"],
+    "sampler_noise": [0.0, 0.05],
 }
 BASE = dict(responses_per_prompt=2, total_iterations=2, eval_interval=1, save_interval=1, learning_rate=1e-3)
 
