@@ -87,6 +87,7 @@ _LAZY = {
     "estimate_memory": "memory",
     "ModelShape": "memory",
     "TensorMemory": "memory",
+    "measure_iteration": "memory",
 }
 
 

@@ -106,3 +106,27 @@ def max_peak_memory_mb(accelerator) -> float:
     if accelerator.num_processes > 1:
         peak = accelerator.gather(torch.tensor([peak], device=accelerator.device)).max().item()
     return peak
+
+
+def launch_processes(function, args: tuple = (), num_processes: int = 2) -> None:
+    """Run `function(*args)` in `num_processes` processes forked from this one (a notebook, a
+    script), as one process group: `accelerate.notebook_launcher` with a free port.
+
+    A `PPOTrainer` built inside `function` sees `num_processes` processes and splits its batches
+    over them (on a machine without a GPU, a gloo group on the CPU: `make_accelerator` asks for
+    `cpu=True`, without which every process would think it is alone). accelerate refuses to
+    launch from a process that has already created an `Accelerator` (any trainer built earlier
+    in the same notebook), so this forgets that state first; the caller's trainers keep theirs.
+    """
+    import socket
+
+    from accelerate import notebook_launcher
+    from accelerate.state import AcceleratorState
+
+    if num_processes < 2:
+        raise ValueError(f"num_processes = {num_processes!r}: launch_processes is for 2 or more; call the function directly for one")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    notebook_launcher(function, args, num_processes=num_processes, use_port=str(port))

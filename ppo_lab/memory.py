@@ -300,3 +300,19 @@ def estimate_memory(
     if half:
         update["bf16 weight copies"] = 2 * (policy.params + (critic.params if separate else 0))
     return MemoryEstimate(rollout=rollout, update=update)
+
+
+def measure_iteration(trainer) -> tuple[int, int, object]:
+    """Peak tensor bytes of one PPO iteration of `trainer`, measured with `TensorMemory`:
+    (rollout peak, update peak, the rollout). Everything the trainer holds counts (its models'
+    weights and gradients, the optimizer's state), so the figures compare with
+    `estimate_memory`; call it after a first `trainer.step()`, once AdamW's moments exist. The
+    iteration is a real one: the weights are updated, as by `step()` without its metrics."""
+    with TensorMemory() as mem:
+        mem.hold(trainer.policy, trainer.reference, trainer.critic, trainer.optimizer)
+        rollout = trainer.rollout(trainer.next_prompts())
+        rollout_peak = mem.peak
+        mem.peak = mem.current
+        _, advantages, returns = trainer.advantages(rollout)
+        trainer.update(rollout, advantages, returns)
+        return rollout_peak, mem.peak, rollout

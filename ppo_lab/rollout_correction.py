@@ -112,3 +112,34 @@ def gap_metrics(
         changed = ~torch.isclose(weights, level_rho, rtol=1e-6, atol=0.0)
         metrics["sampler/corrected_frac"] = masked_mean(changed.to(rho.dtype), m)
     return metrics
+
+
+def expected_logit_gradient(
+    old_probs: torch.Tensor, sampler_probs: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The expectation and the second moment of a one-token policy-gradient estimate, exactly.
+
+    For each of N states, a token y is drawn from the sampler, and the estimate of the gradient
+    of E_old[A] with respect to the logits z of pi_old is w(y) A(y) (e_y - pi_old) (the gradient
+    of log softmax(z)_y). Enumerating the vocabulary gives its expectation and second moment:
+
+        g = sum_y pi_s(y) w(y) A(y) (e_y - pi_old)        (on-policy: pi_old * A, when A has mean 0 under pi_old)
+        m = sum_y pi_s(y) w(y)^2 A(y)^2 ||e_y - pi_old||^2
+
+    With w = pi_old / pi_s the expectation is the on-policy gradient exactly (chapter 9).
+
+    Args:
+        old_probs, sampler_probs: (N, V) the two distributions over the vocabulary.
+        advantages: (N, V) A(y) of each token in each state.
+        weights: (N, V) the correction weight of each token (ones: no correction).
+
+    Returns:
+        ((N, V) expected gradients, (N,) second moments).
+    """
+    check_same_shape(old_probs=old_probs, sampler_probs=sampler_probs, advantages=advantages, weights=weights)
+    check_tensor("old_probs", old_probs, ndim=2)
+    drawn = sampler_probs * weights * advantages  # (N, V)
+    gradient = drawn - drawn.sum(-1, keepdim=True) * old_probs
+    # ||e_y - p||^2 = 1 - 2 p_y + ||p||^2
+    distance = 1 - 2 * old_probs + (old_probs * old_probs).sum(-1, keepdim=True)
+    return gradient, (sampler_probs * weights**2 * advantages**2 * distance).sum(-1)

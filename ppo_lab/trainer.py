@@ -113,7 +113,8 @@ class PPOTrainer:
         self.score_temperature = 1.0 if "temperature-1-in-scoring" in self.reproduce else cfg.temperature
         if cfg.logprob_chunk_size:  # refuse a model whose logits are not lm_head(hidden), before any training
             ids = self.tokenizer(self.train_prompts[:1], return_tensors="pt", add_special_tokens=False)["input_ids"].to(self.device)
-            check_chunkable(self.bare(self.policy), ids)
+            with self.accelerator.autocast():  # (the head then runs in the forward's precision)
+                check_chunkable(self.bare(self.policy), ids)
         self.kl_ctl, self.penalty_ctl = build_kl_controllers(cfg)
         self.estimator = get_advantage_estimator(cfg.advantage_estimator)
         # Old log-probs from the sampling logits save a forward; in half precision the cached

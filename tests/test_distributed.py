@@ -54,3 +54,34 @@ def test_two_processes_equal_one_with_the_same_global_batch(tiny_path, tmp_path,
     assert (one["score_map"] != [1.0, 0.0]) == (variant == "recipe")
     for name, value in one["weights"].items():
         assert two["weights"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+
+
+def _one_update(out_dir, accumulation):
+    import torch
+
+    from ppo_lab import PPOConfig, PPOTrainer
+
+    torch.set_num_threads(1)
+    cfg = PPOConfig(rollout_batch_size=16, minibatch_size=8, ppo_epochs=2, max_new_tokens=8, total_iterations=1, eval_interval=0,
+                    progress_bar=False, output_dir=out_dir, gradient_accumulation_steps=accumulation)
+    trainer = PPOTrainer(cfg)
+    history = trainer.train()
+    if trainer.accelerator.is_main_process:
+        weights = trainer.accelerator.unwrap_model(trainer.policy).state_dict()
+        result = {"processes": trainer.accelerator.num_processes, "loss": history[-1]["loss/policy"], "weights": {k: v.double().sum().item() for k, v in weights.items()}}
+        Path(out_dir, "result.json").write_text(json.dumps(result))
+
+
+@pytest.mark.timeout(300)
+def test_launch_processes_forks_a_group_that_computes_what_one_process_does(tiny_path, tmp_path):
+    from ppo_lab.distributed import launch_processes
+
+    _one_update(str(tmp_path / "one"), 2)  # this process now has an Accelerator, as a notebook would: no refusal
+    launch_processes(_one_update, (str(tmp_path / "two"), 1), num_processes=2)
+    one, two = (json.loads((tmp_path / d / "result.json").read_text()) for d in ("one", "two"))
+    assert (one["processes"], two["processes"]) == (1, 2)
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
+    for name, value in one["weights"].items():
+        assert two["weights"][name] == pytest.approx(value, rel=1e-6, abs=1e-7), name
+    with pytest.raises(ValueError, match="2 or more"):
+        launch_processes(_one_update, (), num_processes=1)

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Llam
 
 from conftest import small_config
 from ppo_lab.logprobs import chunked_logprobs, entropy_from_logits, logprobs_from_logits
-from ppo_lab.memory import ModelShape, TensorMemory, estimate_memory
+from ppo_lab.memory import ModelShape, TensorMemory, estimate_memory, measure_iteration
 from ppo_lab.rollout import check_chunkable, response_logprobs
 from ppo_lab.trainer import PPOTrainer
 
@@ -73,19 +73,6 @@ def test_model_shape_refuses_what_it_cannot_read():
         ModelShape(10, 1, 8, 2, 2, 4, 32, 100, mlp="swish")
 
 
-def _measure(trainer):
-    """Peak bytes of tensors in one iteration's rollout and in its update (the optimizer's state
-    exists: the trainer has stepped once)."""
-    with TensorMemory() as mem:
-        mem.hold(trainer.policy, trainer.reference, trainer.critic, trainer.optimizer)
-        ro = trainer.rollout(trainer.next_prompts())
-        rollout_peak = mem.peak
-        mem.peak = mem.current
-        _, advantages, returns = trainer.advantages(ro)
-        trainer.update(ro, advantages, returns)
-        return ro, rollout_peak, mem.peak
-
-
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -103,7 +90,7 @@ def test_the_estimate_is_within_25_percent_of_the_measured_peak(tiny_path, tmp_p
     values.update(overrides)
     trainer = PPOTrainer(small_config(tmp_path, **values))
     trainer.step()  # AdamW's moments exist from the first step on
-    ro, rollout_peak, update_peak = _measure(trainer)
+    rollout_peak, update_peak, ro = measure_iteration(trainer)
     est = estimate_memory(trainer.config, ModelShape.of(trainer.lm), prompt_len=ro.query_ids.shape[1], response_len=ro.response_ids.shape[1])
     assert sum(est.rollout.values()) == pytest.approx(rollout_peak, rel=0.25)
     assert sum(est.update.values()) == pytest.approx(update_peak, rel=0.25)

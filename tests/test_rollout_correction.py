@@ -160,3 +160,31 @@ def test_the_sampler_copy_is_redrawn_each_iteration_and_the_same_for_the_same_se
     assert not all(torch.equal(x, y) for x, y in zip(first, a.lm.parameters()))
     a.iteration += 1
     assert not all(torch.equal(x, y) for x, y in zip(first, a.sampler().parameters()))
+
+
+def test_the_expected_logit_gradient_matches_sampling_and_is_unbiased_with_full_weights():
+    from ppo_lab.rollout_correction import expected_logit_gradient
+
+    g = torch.Generator().manual_seed(0)
+    z_old, z_s = torch.randn(2, 5, generator=g, dtype=torch.float64), torch.randn(2, 5, generator=g, dtype=torch.float64)
+    p_old, p_s = torch.softmax(z_old, -1), torch.softmax(z_s, -1)
+    reward = torch.randn(2, 5, generator=g, dtype=torch.float64)
+    adv = reward - (p_old * reward).sum(-1, keepdim=True)
+    # the on-policy gradient of E_old[r] with respect to the logits, by autograd
+    z = z_old.clone().requires_grad_()
+    (torch.softmax(z, -1) * reward).sum().backward()
+    full, _ = expected_logit_gradient(p_old, p_s, adv, p_old / p_s)
+    torch.testing.assert_close(full, z.grad)
+    # a loop over the vocabulary for the biased estimate (no weights) and its second moment
+    none, moment = expected_logit_gradient(p_old, p_s, adv, torch.ones_like(adv))
+    for n in range(2):
+        g_loop, m_loop = torch.zeros(5, dtype=torch.float64), 0.0
+        for y in range(5):
+            e = torch.zeros(5, dtype=torch.float64)
+            e[y] = 1
+            estimate = adv[n, y] * (e - p_old[n])
+            g_loop += p_s[n, y] * estimate
+            m_loop += p_s[n, y] * (estimate**2).sum()
+        torch.testing.assert_close(none[n], g_loop)
+        assert moment[n].item() == pytest.approx(m_loop.item())
+    assert (none - z.grad).abs().max() > 1e-3  # without the weights the expectation is off
