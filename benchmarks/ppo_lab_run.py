@@ -17,6 +17,12 @@ Per-update wall time is the interval between the ends of successive `PPOTrainer.
 inside `train()` (the first one from its start), so it includes ppo_lab's per-iteration
 logging; the phases come from ppo_lab's own metrics `time/rollout` and `time/update`. Prints one
 JSON line on stdout.
+
+On a GPU (`--device cuda`, used by gpu.py) ppo_lab takes the GPU through accelerate by itself;
+`--precision bf16` is `PPOConfig.precision = "bf16"` (autocast, fp32 master weights and AdamW
+state). The JSON line then also has the per-update peak GPU memory and the model FLOPs of an
+update (workload.update_flops). `--profile FILE` runs one more update after the timed ones
+under torch.profiler (not counted in the timings) and writes its operator tables to FILE.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from pathlib import Path
 
 import workload as wl  # sets the offline environment before transformers is imported
 
+import torch
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,7 +47,31 @@ def parse_args(argv=None):
     p.add_argument("--ignore-eos", choices=["auto", "on", "off"], default="auto",
                    help="fixed-length responses through PPOConfig.ignore_eos (auto: on if the field exists)")
     p.add_argument("--keep-dropout", action="store_true", help="pass the policy with GPT-2's default dropout left on")
+    p.add_argument("--profile", metavar="FILE", help="profile one extra update (after the timed ones) and write "
+                                                     "torch.profiler's top operators by device and CPU time to FILE")
+    p.add_argument("--profile-rows", type=int, default=40, help="rows per table of --profile")
     return p.parse_args(argv)
+
+
+def write_profile(prof, path: str, rows: int, header: str) -> None:
+    """torch.profiler's key averages of one update: by self device time, total device time, CPU time."""
+    averages = prof.key_averages()
+    keys = []
+    sample = next(iter(averages), None)
+    for key in ("self_device_time_total", "device_time_total", "self_cuda_time_total", "cuda_time_total"):
+        if sample is not None and hasattr(sample, key):
+            keys.append(key)
+    if torch.cuda.is_available():
+        sorts = [k for k in ("self_device_time_total", "device_time_total") if k in keys] or \
+                [k for k in ("self_cuda_time_total", "cuda_time_total") if k in keys]
+    else:
+        sorts = []
+    sorts += ["self_cpu_time_total", "cpu_time_total"]
+    with open(path, "w") as fh:
+        fh.write(header + "\n\n")
+        for key in sorts:
+            fh.write(f"===== top {rows} operators by {key} =====\n")
+            fh.write(averages.table(sort_by=key, row_limit=rows, max_name_column_width=70) + "\n\n")
 
 
 def source_of(module) -> dict:
@@ -68,7 +100,7 @@ def main(argv=None):
 
     tok, words = wl.make_tokenizer(args.vocab, args.seed)
     texts = wl.make_prompt_texts(words, args.n_prompts, args.prompt_min, args.prompt_max, args.seed)
-    wl.make_prompt_ids(tok, texts)  # checks one word = one token
+    prompt_ids = wl.make_prompt_ids(tok, texts)  # checks one word = one token
     policy = wl.make_policy(tok, args)
     if not args.keep_dropout:
         wl.no_dropout(policy)
@@ -81,13 +113,24 @@ def main(argv=None):
     extra = {"ignore_eos": ignore_eos} if "ignore_eos" in fields else {}
     if "target_kl" in fields:  # TRL has no early stop: every update runs all its epochs
         extra["target_kl"] = None
+    if "precision" in fields:
+        extra["precision"] = args.precision
+    elif args.precision != "fp32":
+        raise SystemExit("this ppo_lab's PPOConfig has no precision field")
     reward_dir = tmp / "reward"
-    wl.make_reward_model(tok, args).save_pretrained(reward_dir)
+    reward_model = wl.make_reward_model(tok, args)
+    n_matmul = {"policy": wl.matmul_params(policy), "reward": wl.matmul_params(reward_model)}
+    n_total = {"policy": wl.n_params(policy), "reward": wl.n_params(reward_model)}
+    reward_model.save_pretrained(reward_dir)
     tok.save_pretrained(reward_dir)
+    del reward_model
     if args.critic == "separate":
         critic_dir = tmp / "value"
-        wl.make_value_model(tok, args).save_pretrained(critic_dir)
+        value_model = wl.make_value_model(tok, args)
+        n_matmul["value"], n_total["value"] = wl.matmul_params(value_model), wl.n_params(value_model)
+        value_model.save_pretrained(critic_dir)
         tok.save_pretrained(critic_dir)
+        del value_model
         extra["critic_model"] = str(critic_dir)
 
     config = PPOConfig(
@@ -100,7 +143,7 @@ def main(argv=None):
         learning_rate=args.lr,
         temperature=args.temperature,
         kl_coef=args.kl_coef,
-        total_iterations=args.updates,
+        total_iterations=args.updates + (1 if args.profile else 0),
         eval_interval=0,
         progress_bar=False,
         seed=args.seed,
@@ -108,24 +151,59 @@ def main(argv=None):
         **extra,
     )
     trainer = PPOTrainer(config, policy=policy, tokenizer=tok, train_prompts=texts)
+    opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    optimizer = f"{type(opt).__name__}(fused={opt.defaults.get('fused')}, foreach={opt.defaults.get('foreach')})"
 
     ends: list[float] = []
     starts: list[float] = []
     real_step = trainer.step
+    memory = wl.GpuMemory()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    profiled: dict = {}
 
     def timed_step():
+        if args.profile and len(ends) == args.updates:  # the extra update, after the timed ones
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            sync()
+            try:
+                prof = profile(activities=activities)
+                prof.start()
+            except Exception as exc:  # no profiler here (CUPTI, ...): the timings still come back
+                profiled["profile_error"] = repr(exc)
+                return real_step()
+            t0 = time.perf_counter()
+            try:
+                out = real_step()
+                sync()
+            finally:
+                prof.stop()
+            profiled["update_s_under_profiler"] = round(time.perf_counter() - t0, 3)
+            try:
+                header = (f"ppo_lab {args.critic} critic, one PPO update under torch.profiler "
+                          f"({profiled['update_s_under_profiler']} s with the profiler on): {vars(args)}")
+                write_profile(prof, args.profile, args.profile_rows, header)
+                profiled["profile_file"] = args.profile
+            except Exception as exc:  # the timings must come back even if the table fails
+                profiled["profile_error"] = repr(exc)
+            return out
         starts.append(time.perf_counter())
         out = real_step()
+        sync()
         ends.append(time.perf_counter())
+        memory.mark()
         return out
 
     trainer.step = timed_step
+    memory.reset()
     t_train = time.perf_counter()
     history = trainer.train()
     t_end = time.perf_counter()
     shutil.rmtree(tmp, ignore_errors=True)
-    if len(history) != args.updates:
+    if len(history) != args.updates + (1 if args.profile else 0):
         raise RuntimeError(f"ran {len(history)} iterations, expected {args.updates}")
+    history = history[: args.updates]
 
     update_s = [ends[0] - starts[0]] + [b - a for a, b in zip(ends, ends[1:])]
     rollout = [h["time/rollout"] for h in history]
@@ -146,6 +224,16 @@ def main(argv=None):
         },
         "response_length_mean": round(sum(h["response/length_mean"] for h in history) / len(history), 3),
         "optimizer_steps_per_update": args.ppo_epochs * args.mini_batches,
+        "params": n_total,
+        "params_matmul": n_matmul,
+        "prompt_mean_tokens": round(wl.prompt_mean_length(prompt_ids), 2),
+        "flops_per_update": wl.update_flops(args, n_matmul["policy"], n_matmul.get("value", 0), n_matmul["reward"],
+                                            wl.prompt_mean_length(prompt_ids)),
+        "precision": args.precision,
+        "old_logprobs_from": getattr(trainer, "old_logprobs_from", None),
+        "optimizer": optimizer,
+        **memory.fields(),
+        **profiled,
         "setup_s": round(t_train - t_start, 3),
         "train_wall_s": round(t_end - t_train, 3),
         "peak_rss_mb": round(wl.peak_rss_mb(), 1),

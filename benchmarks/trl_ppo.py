@@ -12,6 +12,18 @@ are cut by wrapping two functions of TRL's module: `batch_generation` (generate)
 `forward` (its first call with gradients on marks the start of the optimisation), and TRL's
 per-update `gc.collect()` calls are timed separately. Prints one JSON line on stdout; TRL's
 own output goes to stderr.
+
+On a GPU (`--device cuda`, used by gpu.py): `use_cpu=False`, and `--precision bf16` sets
+`bf16=True`. TRL 1.12's PPOTrainer builds its own `Accelerator()` without a mixed-precision
+argument, and transformers 5.x's TrainingArguments no longer exports ACCELERATE_MIXED_PRECISION,
+so `bf16=True` alone leaves everything in fp32; this runner sets
+ACCELERATE_MIXED_PRECISION=bf16 first, which is what `accelerate launch --mixed_precision bf16`
+does (the JSON line's `trl_mixed_precision` is what the trainer's accelerator ended up with).
+The weights stay fp32 (master weights and AdamW state), and only the prepared policy+value
+wrapper's forward (the training forward) runs under bf16 autocast: TRL's rollout calls
+`unwrapped.policy.generate`, the reference, the value backbone and the reward model directly,
+in fp32. `--rollout-autocast` also puts the rollout (generation, the reference / value / reward
+forwards) under bf16 autocast, as ppo_lab does (bench name `trl_rollout_bf16`).
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import os
 import shutil
 import sys
 import tempfile
@@ -32,6 +45,8 @@ import torch
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     wl.add_workload_args(p)
+    p.add_argument("--rollout-autocast", action="store_true",
+                   help="run TRL's rollout forwards under bf16 autocast too (needs --precision bf16)")
     return p.parse_args(argv)
 
 
@@ -39,6 +54,12 @@ def main(argv=None):
     args = parse_args(argv)
     wl.setup_process(args)
     t_start = time.perf_counter()
+    bf16 = args.precision == "bf16"
+    if args.rollout_autocast and not bf16:
+        raise SystemExit("--rollout-autocast needs --precision bf16")
+    if bf16:
+        # what `accelerate launch --mixed_precision bf16` sets; TRL's own Accelerator() reads it
+        os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16"
 
     import transformers
     from datasets import Dataset
@@ -50,11 +71,14 @@ def main(argv=None):
     transformers.set_seed(args.seed)
     tok, words = wl.make_tokenizer(args.vocab, args.seed)
     texts = wl.make_prompt_texts(words, args.n_prompts, args.prompt_min, args.prompt_max, args.seed)
-    dataset = Dataset.from_dict({"input_ids": wl.make_prompt_ids(tok, texts)})
+    prompt_ids = wl.make_prompt_ids(tok, texts)
+    dataset = Dataset.from_dict({"input_ids": prompt_ids})
     policy = wl.make_policy(tok, args)
     reference = wl.make_policy(tok, args)  # same weights, a distinct object
     value = wl.make_value_model(tok, args)
     reward = wl.make_reward_model(tok, args)
+    n_matmul = {"policy": wl.matmul_params(policy), "value": wl.matmul_params(value), "reward": wl.matmul_params(reward)}
+    n_total = {"policy": wl.n_params(policy), "value": wl.n_params(value), "reward": wl.n_params(reward)}
 
     out_dir = tempfile.mkdtemp(prefix="bench_trl_ppo_")
     config = PPOConfig(
@@ -74,9 +98,9 @@ def main(argv=None):
         stop_token=None,
         missing_eos_penalty=None,
         num_sample_generations=0,
-        bf16=False,
+        bf16=bf16,
         fp16=False,
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
         gradient_checkpointing=False,
         report_to="none",
         save_strategy="no",
@@ -90,18 +114,37 @@ def main(argv=None):
     phases: dict[str, list[float]] = {"generate": [], "score": [], "optimise": [], "other": []}
     real_generation, real_forward = trl_ppo.batch_generation, trl_ppo.forward
 
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)  # (phase cuts on a GPU)
+
     def batch_generation(*a, **k):
+        sync()
         marks["gen_start"] = time.perf_counter()
         out = real_generation(*a, **k)
+        sync()
         marks["gen_end"] = time.perf_counter()
         return out
 
     def forward(*a, **k):
         if torch.is_grad_enabled() and "opt_start" not in marks:
+            sync()
             marks["opt_start"] = time.perf_counter()
         return real_forward(*a, **k)
 
     trl_ppo.batch_generation, trl_ppo.forward = batch_generation, forward
+    if args.rollout_autocast:
+        device_type = "cuda" if args.device == "cuda" else "cpu"
+
+        def autocast(fn):
+            def wrapped(*a, **k):
+                with torch.autocast(device_type, dtype=torch.bfloat16):
+                    return fn(*a, **k)
+            return wrapped
+
+        # generation, and the reference / value / reward forwards of the rollout (the training
+        # forward goes through `forward` too, already under accelerate's autocast: no change)
+        trl_ppo.batch_generation = autocast(trl_ppo.batch_generation)
+        trl_ppo.forward = autocast(trl_ppo.forward)
+        trl_ppo.get_reward = autocast(trl_ppo.get_reward)
     gc_seconds: list[float] = []
 
     class TimedGC:
@@ -118,6 +161,8 @@ def main(argv=None):
 
     trl_ppo.gc = TimedGC()
 
+    memory = wl.GpuMemory()
+
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.update_s: list[float] = []
@@ -125,9 +170,11 @@ def main(argv=None):
             self.last = None
 
         def on_train_begin(self, a, state, control, **kw):
+            memory.reset()
             self.last = time.perf_counter()
 
         def on_step_end(self, a, state, control, **kw):
+            sync()
             now = time.perf_counter()
             total = now - self.last
             gen = marks["gen_end"] - marks["gen_start"]
@@ -137,6 +184,7 @@ def main(argv=None):
                 phases[key].append(v)
             self.update_s.append(total)
             marks.clear()
+            memory.mark()
             self.last = now
 
         def on_log(self, a, state, control, logs=None, **kw):
@@ -155,6 +203,9 @@ def main(argv=None):
             train_dataset=dataset,
             callbacks=[timer],
         )
+        trl_mixed_precision = str(trainer.accelerator.mixed_precision)
+        opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+        optimizer = f"{type(opt).__name__}(fused={opt.defaults.get('fused')}, foreach={opt.defaults.get('foreach')})"
         t_train = time.perf_counter()
         trainer.train()
         t_end = time.perf_counter()
@@ -164,7 +215,7 @@ def main(argv=None):
 
     last = timer.logs[-1] if timer.logs else {}
     result = {
-        "bench": "trl",
+        "bench": "trl_rollout_bf16" if args.rollout_autocast else "trl",
         **wl.environment(),
         "config": vars(args),
         **wl.timing_fields(timer.update_s, args),
@@ -172,6 +223,16 @@ def main(argv=None):
         "gc_collect_s_per_update": round(sum(gc_seconds) / args.updates, 4),
         "optimizer_steps_per_update": args.ppo_epochs * args.mini_batches,
         "params_trainable": wl.n_params(policy) + wl.n_params(value),
+        "params": n_total,
+        "params_matmul": n_matmul,
+        "prompt_mean_tokens": round(wl.prompt_mean_length(prompt_ids), 2),
+        "flops_per_update": wl.update_flops(args, n_matmul["policy"], n_matmul["value"], n_matmul["reward"],
+                                            wl.prompt_mean_length(prompt_ids)),
+        "precision": args.precision,
+        "trl_mixed_precision": trl_mixed_precision,
+        "rollout_autocast": args.rollout_autocast,
+        "optimizer": optimizer,
+        **memory.fields(),
         "setup_s": round(t_train - t_start, 3),
         "train_wall_s": round(t_end - t_train, 3),
         "peak_rss_mb": round(wl.peak_rss_mb(), 1),

@@ -7,8 +7,13 @@ so all of them see the same tokenizer, the same initial weights and the same pro
   lowercase pseudo-words (a word is one token; the decoder joins tokens with spaces);
 * a random-init GPT-2 (2 layers, 4 heads, d = 128, 128 positions) as the policy, the same
   weights again as the reference, and two `GPT2ForSequenceClassification(num_labels=1)` with
-  their own seeds as the value model and the reward model;
+  their own seeds as the value model and the reward model (`--arch llama`: the same roles as
+  `LlamaForCausalLM` / `LlamaForSequenceClassification`, untied embeddings, SwiGLU MLP of
+  `--intermediate-size`, RoPE, RMSNorm);
 * 256 prompts of 8 to 16 words.
+
+The defaults are the CPU benchmark's (`run.py`); `gpu.py` passes a larger shape and
+`--device cuda --precision bf16`.
 
 The generators (words, prompts) use `random.Random` streams of their own, and each model is
 built right after `torch.manual_seed`, so nothing depends on what ran before in the process.
@@ -62,6 +67,10 @@ DEFAULTS = dict(
     updates=16,
     seed=0,
     threads=1,
+    arch="gpt2",
+    intermediate_size=0,
+    device="cpu",
+    precision="fp32",
 )
 
 # Seed offsets of the four models: the reference shares the policy's seed (identical weights).
@@ -88,10 +97,23 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--updates", type=int, default=d["updates"], help="PPO updates (rollout + optimisation) to time")
     parser.add_argument("--seed", type=int, default=d["seed"])
     parser.add_argument("--threads", type=int, default=d["threads"], help="torch.set_num_threads (0 = leave torch's default)")
+    parser.add_argument("--arch", choices=["gpt2", "llama"], default=d["arch"], help="model family of all four models")
+    parser.add_argument("--intermediate-size", type=int, default=d["intermediate_size"],
+                        help="llama MLP width (0 = 8/3 x d rounded up to a multiple of 256)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=d["device"],
+                        help="where the trainers run (cpu hides any GPU from the process)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default=d["precision"],
+                        help="bf16: autocast with fp32 master weights, in both trainers")
 
 
 def setup_process(args) -> None:
-    """Threads and the transformers log level: call first in every runner."""
+    """Device, threads and the transformers log level: call first in every runner."""
+    device = getattr(args, "device", "cpu")
+    if device == "cpu":
+        # ppo_lab (through accelerate) takes a GPU whenever it sees one: hide it (before CUDA starts)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    elif not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA GPU is visible to torch")
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers
@@ -165,23 +187,51 @@ def gpt2_config(tok, args, num_labels: int | None = None):
     )
 
 
+def llama_config(tok, args, num_labels: int | None = None):
+    from transformers import LlamaConfig
+
+    extra = {} if num_labels is None else {"num_labels": num_labels}
+    inter = args.intermediate_size or -(-(8 * args.n_embd // 3) // 256) * 256
+    return LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=args.n_embd,
+        intermediate_size=inter,
+        num_hidden_layers=args.n_layer,
+        num_attention_heads=args.n_head,
+        num_key_value_heads=args.n_head,
+        max_position_embeddings=args.n_positions,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **extra,
+    )
+
+
+def model_config(tok, args, num_labels: int | None = None):
+    arch = getattr(args, "arch", "gpt2")
+    return (llama_config if arch == "llama" else gpt2_config)(tok, args, num_labels)
+
+
 def make_policy(tok, args):
-    """Random-init GPT2LMHeadModel (seed + POLICY_SEED); call twice for policy and reference."""
-    from transformers import GPT2LMHeadModel
+    """Random-init causal LM (seed + POLICY_SEED); call twice for policy and reference."""
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
     torch.manual_seed(args.seed + POLICY_SEED)
-    model = GPT2LMHeadModel(gpt2_config(tok, args))
+    cls = LlamaForCausalLM if getattr(args, "arch", "gpt2") == "llama" else GPT2LMHeadModel
+    model = cls(model_config(tok, args))
     gen = model.generation_config
     gen.pad_token_id, gen.bos_token_id, gen.eos_token_id = tok.pad_token_id, tok.bos_token_id, tok.eos_token_id
     return model
 
 
 def make_scalar_model(tok, args, seed_offset: int):
-    """Random-init GPT2ForSequenceClassification(num_labels=1): the value or the reward model."""
-    from transformers import GPT2ForSequenceClassification
+    """Random-init *ForSequenceClassification(num_labels=1): the value or the reward model."""
+    from transformers import GPT2ForSequenceClassification, LlamaForSequenceClassification
 
     torch.manual_seed(args.seed + seed_offset)
-    return GPT2ForSequenceClassification(gpt2_config(tok, args, num_labels=1))
+    cls = LlamaForSequenceClassification if getattr(args, "arch", "gpt2") == "llama" else GPT2ForSequenceClassification
+    return cls(model_config(tok, args, num_labels=1))
 
 
 def make_value_model(tok, args):
@@ -202,6 +252,44 @@ def no_dropout(model):
 
 def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def matmul_params(model) -> int:
+    """Parameters that cost 2 FLOPs per token in a forward: all of them but the lookup tables
+    (the input embedding, unless it is tied to the output layer, and GPT-2's position table)."""
+    seen = {id(p): p for p in model.parameters()}
+    lookup = [model.get_input_embeddings().weight]
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is not None and out.weight is lookup[0]:
+        lookup = []  # tied: the table is also the output matmul
+    for module in model.modules():
+        if type(module).__name__ == "GPT2Model":
+            lookup.append(module.wpe.weight)
+    return sum(p.numel() for p in seen.values()) - sum(p.numel() for p in lookup if id(p) in seen)
+
+
+def update_flops(args, n_policy: int, n_value: int, n_reward: int, prompt_mean: float) -> dict:
+    """Model FLOPs of one PPO update, the same count for every trainer (see gpu.py's docstring).
+
+    T = batch x (mean prompt length + response length) real tokens; N = matmul parameters.
+    Per token a forward costs 2N, a forward + backward 6N (attention's own FLOPs, ~3% at these
+    lengths, are left out):
+      generation  2 N_policy T   (prefill + one decode step per new token)
+      scoring     2 N_policy T (old log-probs) + 2 N_policy T (reference) + 2 N_value T + 2 N_reward T
+      training    ppo_epochs x 6 (N_policy + N_value) T
+    """
+    tokens = args.batch * (prompt_mean + args.response_length)
+    parts = {
+        "generate": 2 * n_policy * tokens,
+        "score": 2 * (2 * n_policy + n_value + n_reward) * tokens,
+        "train": args.ppo_epochs * 6 * (n_policy + n_value) * tokens,
+    }
+    parts["total"] = sum(parts.values())
+    return {"tokens_per_update_real": round(tokens, 1), **{k: float(v) for k, v in parts.items()}}
+
+
+def prompt_mean_length(prompt_ids) -> float:
+    return sum(len(p) for p in prompt_ids) / len(prompt_ids)
 
 
 # --- reporting ------------------------------------------------------------------------------
@@ -225,6 +313,45 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def gpu_name() -> str | None:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+class GpuMemory:
+    """Per-update peak GPU memory: `mark()` at the end of each update reads the peaks since the
+    last mark (or the start) and resets them. Does nothing without CUDA."""
+
+    def __init__(self):
+        self.on = torch.cuda.is_available()
+        self.allocated: list[int] = []
+        self.reserved: list[int] = []
+
+    def reset(self) -> None:
+        if self.on:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+
+    def mark(self) -> None:
+        if self.on:
+            torch.cuda.synchronize()
+            self.allocated.append(torch.cuda.max_memory_allocated())
+            self.reserved.append(torch.cuda.max_memory_reserved())
+            torch.cuda.reset_peak_memory_stats()
+
+    def fields(self) -> dict:
+        """The peaks over the timed updates (all but the first, a warm-up, when there are more)."""
+        if not self.on or not self.allocated:
+            return {}
+        a, r = self.allocated[1:] or self.allocated, self.reserved[1:] or self.reserved
+        gib = 2**30
+        return {
+            "gpu_peak_allocated_gib": round(max(a) / gib, 3),
+            "gpu_peak_reserved_gib": round(max(r) / gib, 3),
+            "gpu_peak_allocated_first_update_gib": round(self.allocated[0] / gib, 3),
+            "gpu_total_gib": round(torch.cuda.get_device_properties(0).total_memory / gib, 2),
+        }
+
+
 def environment() -> dict:
     import importlib.metadata as md
 
@@ -243,6 +370,8 @@ def environment() -> dict:
         "torch_threads": torch.get_num_threads(),
         "cpu": cpu_name(),
         "nproc": os.cpu_count(),
+        "gpu": gpu_name(),
+        "cuda": torch.version.cuda,
     }
 
 

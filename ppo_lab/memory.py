@@ -230,8 +230,10 @@ def estimate_memory(
         processes: data-parallel processes; each samples and trains its share.
         sharding: what the trained models' state is split over the processes by: "none" (DDP,
             ppo_lab's mode), "zero1" (optimizer state), "zero2" (and gradients), "zero3" (and
-            weights, frozen models' too; FSDP's full sharding). ppo_lab runs "none" only; the
-            others show what DeepSpeed or FSDP would save.
+            weights with their bf16 copies, frozen models' too; FSDP's full sharding). In this
+            float32 layout the weights are both the working and the master copy, so "zero1"
+            shards AdamW's two moments only. ppo_lab runs "none" only; the others show what
+            DeepSpeed or FSDP would save.
 
     Returns:
         A `MemoryEstimate`. The model: weights in float32 (ppo_lab keeps float32 master
@@ -273,14 +275,20 @@ def estimate_memory(
     kv = 2 * policy.n_layer * share * L * policy.n_kv_head * policy.head_dim * act
     sampling_logits = 4 * share * policy.vocab * 4  # logits, scaled, softmax, cumulative sum
     transient = rows * L * (_BLOCK_TRANSIENT * policy.hidden + _MLP_TRANSIENT[policy.mlp] * policy.intermediate) * act
-    score_logits = rows * (T + 1) * policy.vocab * (act + 4 + (4 if half or cfg.temperature != 1.0 else 0))
+    scored = rows * (T + 1) if cfg.logprob_chunk_size is None else min(cfg.logprob_chunk_size, rows * (T + 1))
+    score_logits = scored * policy.vocab * (act + 4 + (4 if half or cfg.temperature != 1.0 else 0))
     rollout = {**static, "KV cache": kv, "sampling logits": sampling_logits, "scoring activations": transient, "scoring logits": score_logits}
     rollout["rollout buffers"] = 10 * cfg.rollout_batch_size * T * 4 + 2 * cfg.rollout_batch_size * prompt_len * 8
     if half:
-        rollout["bf16 weight copies"] = 2 * policy.params * (1 if lora else 2) + (2 * critic.params if separate else 0)
+        rollout["bf16 weight copies"] = split(2 * policy.params * (1 if lora else 2) + (2 * critic.params if separate else 0), 3)
 
     # update: one micro-batch through policy (and separate critic), then backward
     b = cfg.minibatch_size // (cfg.gradient_accumulation_steps * processes)
+    if b < 1:
+        raise ValueError(
+            f"minibatch_size = {cfg.minibatch_size} leaves no response for a micro-batch with gradient_accumulation_steps = "
+            f"{cfg.gradient_accumulation_steps} on {processes} processes"
+        )
     trained_shapes = [policy, critic] if separate else [policy]
     block = lambda shape: _BLOCK_KEPT * shape.hidden + _MLP_KEPT[shape.mlp] * shape.intermediate  # noqa: E731
     if cfg.gradient_checkpointing:
@@ -298,7 +306,7 @@ def estimate_memory(
     update = {**static, "gradients": split(4 * trained, 2), "activations": activations, "logits": logits}
     update["rollout buffers"] = rollout["rollout buffers"]
     if half:
-        update["bf16 weight copies"] = 2 * (policy.params + (critic.params if separate else 0))
+        update["bf16 weight copies"] = split(2 * (policy.params + (critic.params if separate else 0)), 3)
     return MemoryEstimate(rollout=rollout, update=update)
 
 

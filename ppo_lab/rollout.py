@@ -111,15 +111,21 @@ def hidden_states_as_logits(model):
             del head.forward
 
 
-def response_logprobs(model, query_ids, query_mask, response_ids, mask, temperature, *, chunk_size=None, with_entropy=False):
+def response_logprobs(model, query_ids, query_mask, response_ids, mask, temperature, *, chunk_size=None, with_entropy=False, float32=False):
     """(logprobs, entropy or None, values or None) of the response tokens under `model`, each (B, T).
 
     With `chunk_size` the (B, T, V) logits are never formed: the forward returns hidden states
     and `chunked_logprobs` applies the LM head `chunk_size` positions at a time (the model must
-    compute its logits as head(hidden); `check_chunkable` tests that once).
+    compute its logits as head(hidden); `check_chunkable` tests that once). `float32` casts
+    half-precision logits to float32 first, as accelerate does to the prepared policy's outputs,
+    so that a frozen model (the reference) goes through the same float32 arithmetic as the policy
+    and the two agree exactly when their weights do (on CUDA the per-row half-precision path
+    rounds differently, by ~1e-7).
     """
     if chunk_size is None:
         logits, values = response_logits(model, query_ids, query_mask, response_ids, mask)
+        if float32:
+            logits = logits.float()
         entropy = entropy_from_logits(logits, temperature) if with_entropy else None
         return logprobs_from_logits(logits, response_ids, temperature), entropy, values
     with hidden_states_as_logits(model) as head:
@@ -223,6 +229,9 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
     return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=z.shape[-1] - 1)
 
 
+READ_BACK_EVERY = 8  # generated tokens between two host reads of the sampling loop's stop and nan checks
+
+
 @dataclass(frozen=True, kw_only=True)
 class Sampling:
     """How responses are sampled: `PPOConfig`'s generation fields as one object.
@@ -271,7 +280,8 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
 
     A plain sampling loop rather than `model.generate`: one forward per new token on the cached
     keys and values, tokens drawn with `sample_tokens`. It stops when every row has produced a
-    stop token. `uniforms` (B, max_new_tokens) fixes the random draws (default: from torch's
+    stop token (looked at every `READ_BACK_EVERY` tokens; tokens drawn past the stop are
+    dropped, so the result does not depend on it). `uniforms` (B, max_new_tokens) fixes the random draws (default: from torch's
     generator); `device` defaults to the model's.
 
     With `with_logprobs`, the log-prob and entropy of every sampled token are taken from the very
@@ -300,7 +310,7 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
     out = model(input_ids=query_ids, attention_mask=attention, position_ids=positions, use_cache=True, output_hidden_states=hidden, **keep)
     last = positions[:, -1:]
     done = torch.zeros(batch, dtype=torch.bool, device=device)
-    tokens, logprobs, entropy, values = [], [], [], []
+    tokens, logprobs, entropy, values, flags = [], [], [], [], []
     for t in range(sampling.max_new_tokens):
         logits = out.logits[:, -1, :]
         token = sample_tokens(logits, uniforms[:, t], sampling.temperature, sampling.top_k, sampling.top_p)
@@ -314,17 +324,26 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
             state = out.hidden_states[-1][:, -1]
             values.append(value_head(state.to(value_head.weight.dtype)).squeeze(-1).float())
         done = done | (torch.isin(token, stops) & (t >= sampling.stop_after))
-        # the one read-back per token: stop when every row has stopped; refuse nan logits
-        # (-inf is allowed: models mask tokens with it, as long as a row keeps a finite one)
-        usable = (~torch.isnan(logits) & (logits != float("inf"))).all() & torch.isfinite(logits).any(dim=-1).all()
-        all_done, finite = torch.stack([done.all(), usable]).tolist()
-        if not finite:
-            raise NonFiniteError(
-                f"the model's logits are nan or inf at generated token {t}: its weights are broken or its activations "
-                "overflowed (fp16), so there is nothing to sample from"
-            )
-        if t == sampling.max_new_tokens - 1 or all_done:
-            break
+        # Has every row stopped, and are the logits usable (-inf is allowed: models mask tokens
+        # with it, as long as a row keeps a finite one)? Read back every READ_BACK_EVERY tokens,
+        # not every token: a read waits for the GPU, and without one the host queues the next
+        # steps' kernels while the GPU runs (sampling is launch-bound on small models). Tokens
+        # drawn after every row stopped are cut off below, so the result is the same.
+        flags.append(torch.stack([done.all(), (~torch.isnan(logits) & (logits != float("inf"))).all() & torch.isfinite(logits).any(dim=-1).all()]))
+        last_step = t == sampling.max_new_tokens - 1
+        if last_step or (t + 1) % READ_BACK_EVERY == 0:
+            read = torch.stack(flags).tolist()  # (steps so far, 2)
+            bad = next((i for i, (_, usable) in enumerate(read) if not usable), None)
+            if bad is not None:
+                raise NonFiniteError(
+                    f"the model's logits are nan or inf at generated token {bad}: its weights are broken or its activations "
+                    "overflowed (fp16), so there is nothing to sample from"
+                )
+            stopped = next((i for i, (all_done, _) in enumerate(read) if all_done), None)
+            if stopped is not None or last_step:
+                if stopped is not None:
+                    tokens, logprobs, entropy, values = (x[: stopped + 1] for x in (tokens, logprobs, entropy, values))
+                break
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         last = last + 1
         out = model(input_ids=token[:, None], attention_mask=attention, position_ids=last, past_key_values=out.past_key_values, use_cache=True, output_hidden_states=hidden)
@@ -372,7 +391,7 @@ def score_tokens(policy, reference, critic, query_ids, query_mask, response_ids,
             old_logprobs, entropy = logprobs, head_entropy
         if need_values:
             values = head_values
-    ref_logprobs, _, _ = response_logprobs(reference, query_ids, query_mask, response_ids, mask, temperature, chunk_size=chunk_size)
+    ref_logprobs, _, _ = response_logprobs(reference, query_ids, query_mask, response_ids, mask, temperature, chunk_size=chunk_size, float32=True)
     if critic is not None and values is None:
         values = critic_values(critic, query_ids, query_mask, response_ids, mask)
     return old_logprobs, ref_logprobs, (values.float() if values is not None else None), entropy

@@ -418,6 +418,10 @@ class PPOTrainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
         ro = self.rollout(self.next_prompts())
+        if self.device.type == "cuda":
+            # give the rollout's cached blocks (logits, KV cache) back before the update, so the
+            # allocator does not hold both phases' fragments at once (as TRL does)
+            torch.cuda.empty_cache()
         # measured before the update, so a gold_fn that fails does so before the weights move
         gold = self.gold_mean(ro.prompts, ro.responses) if self.gold_fn is not None else None
         t1 = time.perf_counter()

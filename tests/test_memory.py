@@ -117,6 +117,10 @@ def test_the_estimate_responds_to_each_memory_switch():
     assert totals == sorted(totals, reverse=True) and totals[3] < totals[0] / 3
     with pytest.raises(ValueError, match="sharding"):
         est(base, sharding="zero4")
+    with pytest.raises(ValueError, match="no response for a micro-batch"):
+        est(base, processes=32)  # 16 responses per minibatch over 32 processes
+    chunked = est(PPOConfig(**{**base.to_dict(), "logprob_chunk_size": 1024}))
+    assert chunked.rollout["scoring logits"] < plain.rollout["scoring logits"] / 5
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
