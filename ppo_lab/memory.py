@@ -19,7 +19,6 @@ which is not a stable API.
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass, field
 

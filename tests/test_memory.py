@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig
 
 from conftest import small_config
-from ppo_lab.logprobs import chunked_logprobs, entropy_from_logits, logprobs_from_logits
+from ppo_lab.logprobs import chunked_logprobs
 from ppo_lab.memory import ModelShape, TensorMemory, estimate_memory, measure_iteration
 from ppo_lab.rollout import check_chunkable, response_logprobs
 from ppo_lab.trainer import PPOTrainer
