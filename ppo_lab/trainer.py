@@ -62,8 +62,8 @@ from .masked import masked_whiten
 from .metrics import health_message, mean_metrics, rollout_metrics, rollout_problems, weight_norm, weights_problem
 from .models import PolicyWithValueHead
 from .rewards import check_scores, reads_token_ids, score_responses
-from .rollout_correction import correction_weights, gap_metrics
 from .rollout import Rollout, check_chunkable, critic_values, generate, response_logprobs, score_tokens
+from .rollout_correction import correction_weights, gap_metrics
 from .run_output import RunOutput, save_policy
 from .shaping import adjust_scores, reference_normalization, shape_rewards
 
