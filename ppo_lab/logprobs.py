@@ -108,18 +108,11 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
 
 
 def _chunk_logprobs(hidden: torch.Tensor, ids: torch.Tensor, head, temperature: float, with_entropy: bool):
-    """Log-probs (and entropies) of one chunk of N positions: hidden (N, H), ids (N,) -> (N,) each."""
-    z = head(hidden)
-    z = z.float() if z.dtype not in _FULL_PRECISION else z
-    if temperature != 1.0:
-        z = z / temperature
-    norm = torch.logsumexp(z, dim=-1)
-    logprobs = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - norm
-    if not with_entropy:
-        return logprobs, None
-    probs = torch.softmax(z, dim=-1)
-    weighted = torch.where(probs > 0, probs * z, torch.zeros_like(z))
-    return logprobs, norm - weighted.sum(dim=-1)
+    """Log-probs (and entropies) of one chunk of N positions: hidden (N, H), ids (N,) -> (N,) each,
+    by the same functions as the unchunked path, on the chunk's (1, N, V) logits."""
+    z = head(hidden)[None]  # (1, N, V)
+    logprobs = logprobs_from_logits(z, ids[None], temperature)[0]
+    return logprobs, (entropy_from_logits(z, temperature)[0] if with_entropy else None)
 
 
 def chunked_logprobs(

@@ -275,7 +275,7 @@ class Sample:
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device=None, uniforms: torch.Tensor | None = None, with_logprobs: bool = False, value_head=None) -> Sample:
+def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device=None, uniforms: torch.Tensor | None = None, with_logprobs: bool = False, with_entropy: bool | None = None, value_head=None) -> Sample:
     """Sample one response per prompt with the KV cache.
 
     A plain sampling loop rather than `model.generate`: one forward per new token on the cached
@@ -284,8 +284,8 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
     dropped, so the result does not depend on it). `uniforms` (B, max_new_tokens) fixes the random draws (default: from torch's
     generator); `device` defaults to the model's.
 
-    With `with_logprobs`, the log-prob and entropy of every sampled token are taken from the very
-    logits it was sampled from (at the temperature, before top-k / top-p), which saves the
+    With `with_logprobs`, the log-prob and (unless `with_entropy` is False) the entropy of every
+    sampled token are taken from the very logits it was sampled from (at the temperature, before top-k / top-p), which saves the
     policy's scoring forward; `value_head` (a module mapping hidden states to values) does the
     same for a value head on the policy's backbone. In float32 they agree with a full forward
     to round-off (tested); in bf16 the cached and the full forward differ more, which is why
@@ -310,6 +310,7 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
     out = model(input_ids=query_ids, attention_mask=attention, position_ids=positions, use_cache=True, output_hidden_states=hidden, **keep)
     last = positions[:, -1:]
     done = torch.zeros(batch, dtype=torch.bool, device=device)
+    with_entropy = with_logprobs if with_entropy is None else with_entropy and with_logprobs
     tokens, logprobs, entropy, values, flags = [], [], [], [], []
     for t in range(sampling.max_new_tokens):
         logits = out.logits[:, -1, :]
@@ -319,7 +320,8 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
             z = logits.float() / sampling.temperature
             norm = torch.logsumexp(z, dim=-1)
             logprobs.append(z.gather(-1, token[:, None]).squeeze(-1) - norm)
-            entropy.append(norm - (torch.softmax(z, dim=-1) * z).sum(-1))
+            if with_entropy:
+                entropy.append(norm - (torch.softmax(z, dim=-1) * z).sum(-1))
         if hidden:
             state = out.hidden_states[-1][:, -1]
             values.append(value_head(state.to(value_head.weight.dtype)).squeeze(-1).float())

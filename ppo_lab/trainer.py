@@ -191,7 +191,10 @@ class PPOTrainer:
         with self.accelerator.autocast():
             with self.sampler_autocast():
                 # the sampler's log-probs are kept beside the trainer's (computed from the logits each token was drawn from)
-                drawn = generate(self.sampler(), self.tokenizer, mine, self.sampling, device=self.device, uniforms=uniforms, with_logprobs=True, value_head=value_head)
+                drawn = generate(
+                    self.sampler(), self.tokenizer, mine, self.sampling, device=self.device, uniforms=uniforms,
+                    with_logprobs=True, with_entropy=from_sampling, value_head=value_head,  # (the entropy of a forward otherwise)
+                )
             old_logprobs, ref_logprobs, values, entropy = score_tokens(
                 self.policy, self.reference, self.critic, drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask, self.score_temperature,
                 old_logprobs=drawn.old_logprobs if from_sampling else None, entropy=drawn.entropy if from_sampling else None,
