@@ -12,11 +12,14 @@ module                 what it holds                                   chapter
 `gae`                  generalized advantage estimation                4
 `value`                critic loss with value clipping                 4, 6
 `kl`                   KL estimators k1/k2/k3 and the exact KL         5
-`shaping`              per-token rewards: score plus KL penalty        5
+`shaping`              per-token rewards: score plus KL penalty;       5, 10
+                       the overlong penalty
 `kl_control`           fixed, adaptive and PPO-penalty KL controllers  5, 6
-`clipping`             the clipped surrogate objective                 6
+`clipping`             the clipped surrogate objective; GSPO, CISPO    6, 10
 `aggregation`          loss aggregation modes                          10
 `estimators`           advantage-estimator registry (GAE, RLOO, ...)   4, 10
+`dynamic_sampling`     DAPO's filter of groups that teach nothing      10
+`bandit`               a bandit with a known gradient, for estimators  10
 `losses`               policy-loss registry, the loss of a micro-batch 7, 10
 `tasks`, `tiny`        offline tasks and the built-in tiny model       1, 7
 `models`, `rewards`    the four roles: policy, reference, critic,      1, 7
@@ -39,7 +42,8 @@ accelerate, is imported on first use of its names (`ppo_lab.PPOTrainer`, ...).
 """
 
 from .aggregation import AGGREGATION_MODES, aggregate_loss
-from .clipping import clipped_policy_loss, kl_penalized_policy_loss
+from .clipping import cispo_policy_loss, clipped_policy_loss, gspo_policy_loss, kl_penalized_policy_loss
+from .dynamic_sampling import informative_groups
 from .estimators import (
     ADVANTAGE_ESTIMATORS,
     compute_advantages,
@@ -54,7 +58,7 @@ from .logprobs import chunked_logprobs, entropy_from_logits, logprobs_from_logit
 from .masked import masked_mean, masked_var, masked_whiten, response_mask
 from .policy_gradient import discounted_returns, reinforce_loss
 from .rollout_correction import correction_weights, gap_metrics
-from .shaping import adjust_scores, last_real_index, reference_normalization, shape_rewards
+from .shaping import adjust_scores, last_real_index, overlong_penalty, reference_normalization, shape_rewards
 from .value import clipped_value_loss, explained_variance
 
 __version__ = "0.1.0"
@@ -117,6 +121,7 @@ __all__ = [
     "adjust_scores",
     "aggregate_loss",
     "chunked_logprobs",
+    "cispo_policy_loss",
     "clipped_policy_loss",
     "clipped_value_loss",
     "compute_advantages",
@@ -129,7 +134,9 @@ __all__ = [
     "full_kl",
     "gap_metrics",
     "get_advantage_estimator",
+    "gspo_policy_loss",
     "importance_weights",
+    "informative_groups",
     "kl_penalized_policy_loss",
     "kl_penalty",
     "last_real_index",
@@ -137,6 +144,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "overlong_penalty",
     "register_advantage_estimator",
     "reference_normalization",
     "reinforce_loss",

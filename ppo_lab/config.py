@@ -68,7 +68,7 @@ class PPOConfig:
     reward_label_index: int = _f(-1, "For a classification reward model with several labels, the logit used as the score.")
     trust_remote_code: bool = _f(False, "Allow model code from the hub to run (off unless you trust the source).")
     # --- task ----------------------------------------------------------------------------
-    task: str = _f("sentiment", "Built-in task providing prompts and the gold reward.", ("sentiment", "arithmetic"))
+    task: str = _f("sentiment", "Built-in task providing prompts and the gold reward.", ("sentiment", "arithmetic", "arithmetic-small"))
     prompts_file: str | None = _f(None, "Training prompts from a file instead of the task's: .jsonl or .json (JSON lines, the prompt under prompt_field), anything else one prompt per line.")
     eval_prompts_file: str | None = _f(None, "Eval prompts from a file (same formats); default: the task's eval prompts, or the training prompts when prompts_file is given.")
     prompt_field: str = _f("prompt", "The key of the prompt in each line of a .jsonl or .json prompts file (the TL;DR data of N+ calls it query).")
@@ -100,7 +100,7 @@ class PPOConfig:
     max_grad_norm: float | None = _f(1.0, "Clip the gradient norm to this value (None = no clipping); one norm, or one per model (grad_clip_scope).", low=0.0, low_open=True)
     grad_clip_scope: str = _f("global", "Which gradients one norm covers: global, policy and critic together (CleanRL); per-model, the policy's and the critic's (or value head's) clipped each on its own (verl, OpenRLHF), so a large critic gradient does not shrink the policy's step.", ("global", "per-model"))
     # --- PPO losses ----------------------------------------------------------------------
-    policy_loss: str = _f("clip", "Policy loss from the registry (ppo_lab.losses): clip, the clipped surrogate; kl_penalty, the adaptive KL penalty to the old policy (PPO-penalty); or one registered by you.")
+    policy_loss: str = _f("clip", "Policy loss from the registry (ppo_lab.losses): clip, the clipped surrogate; kl_penalty, the adaptive KL penalty to the old policy (PPO-penalty); gspo, clipping each response's geometric-mean ratio; cispo, a clipped stop-gradient importance weight on REINFORCE; or one registered by you.")
     penalty_beta: float = _f(1.0, "Initial beta of PPO-penalty (policy_loss = kl_penalty).", low=0.0)
     penalty_kl_target: float = _f(0.01, "Target KL(old || new) per token of PPO-penalty; beta doubles above 1.5x, halves below 1/1.5x.", low=0.0, low_open=True)
     clip_eps: float = _f(0.2, "Policy ratio clip range epsilon.", low=0.0, low_open=True)
@@ -112,7 +112,7 @@ class PPOConfig:
     entropy_coef: float = _f(0.0, "Weight of the entropy bonus.", low=0.0)
     loss_agg: str = _f("token-mean", "How per-token losses are aggregated.", AGGREGATION_MODES)
     # --- advantages ----------------------------------------------------------------------
-    advantage_estimator: str = _f("gae", "Advantage estimator from the registry (gae, reinforce, rloo, grpo, ...).")
+    advantage_estimator: str = _f("gae", "Advantage estimator from the registry: gae, reinforce, rloo, grpo, dr_grpo, reinforce_pp, reinforce_pp_baseline, or one registered by you.")
     gamma: float = _f(1.0, "Discount factor.", low=0.0, high=1.0)
     lam: float = _f(0.95, "GAE lambda, for the policy's advantages.", low=0.0, high=1.0)
     critic_lam: float | None = _f(None, "GAE lambda for the critic's return targets (VAPO's decoupled lambda, e.g. 1.0); None = lam.", low=0.0, high=1.0)
@@ -121,7 +121,7 @@ class PPOConfig:
     # --- reward shaping and KL -----------------------------------------------------------
     kl_coef: float = _f(0.2, "Initial KL coefficient beta (per-token penalty weight).", low=0.0)
     kl_estimator: str = _f("k1", "Per-token KL estimator.", KL_ESTIMATORS)
-    kl_in: str = _f("reward", "Put the KL penalty in the per-token reward, or add it to the loss.", ("reward", "loss"))
+    kl_in: str = _f("reward", "Put the KL penalty in the per-token reward, or add it to the loss. In the loss, the estimator's gradient is what counts: k1 has expected gradient 0, k2 that of KL(pi || pi_ref), k3 that of KL(pi_ref || pi) (Tang and Munos 2025; chapter 10).", ("reward", "loss"))
     kl_control: str = _f("fixed", "Keep beta fixed, or adapt it toward kl_target.", ("fixed", "adaptive"))
     kl_target: float = _f(6.0, "Target KL per response (adaptive control).", low=0.0, low_open=True)
     kl_horizon: float = _f(10000.0, "Horizon of the adaptive controller, in responses.", low=0.0, low_open=True)
@@ -131,6 +131,12 @@ class PPOConfig:
     missing_eos_score: float | None = _f(None, "Replace the score of a response that ran out of tokens (no stop token at a position >= stop_after) by this value (N and N+: -1; None = off).")
     reference_score_norm: str = _f("none", "Fix a gain and bias once, before training, from the scores of the reference policy's responses: mean-std gives them mean 0 and std 1 (OpenAI 2019), mean gives them mean 0 (N+ centres its SFT references); none = off.", ("none", "mean-std", "mean"))
     reference_score_samples: int = _f(256, "Responses sampled from the reference policy, to prompts drawn at random from the training prompts, to fit reference_score_norm.", low=2)
+    # --- critic-free recipes: which samples and lengths count (chapter 10) ------------------
+    dynamic_sampling: bool = _f(False, "DAPO's dynamic sampling: drop the groups whose responses all got the same score (their group advantages are 0) and sample more prompts until rollout_batch_size responses of informative groups are collected; needs responses_per_prompt >= 2.")
+    dynamic_sampling_max_rounds: int = _f(4, "Most rollouts drawn per iteration by dynamic_sampling; a batch still short after them is filled with dropped groups (verl stops the run instead).", low=1)
+    overlong_buffer: int = _f(0, "DAPO's soft overlong punishment: a response in the last overlong_buffer tokens of max_new_tokens loses score linearly, up to overlong_penalty_factor at the budget (0 = off).", low=0)
+    overlong_penalty_factor: float = _f(1.0, "The score lost by a response of exactly max_new_tokens tokens, with overlong_buffer.", low=0.0)
+    overlong_filter: bool = _f(False, "DAPO's overlong filtering: a response that ran out of tokens (no stop token) gets advantage 0, so it adds no policy gradient (its tokens still count in the loss's normaliser).")
     # --- the sampler and the trainer (chapter 9) ------------------------------------------
     rollout_correction: str = _f("none", "Importance weights for the gap between the sampler's log-probs and the trainer's (decoupled form: needs old_logprobs forward, which auto picks): tis truncates rho = pi_old / pi_sampler at rollout_correction_high; mis (IcePop) keeps rho inside [rollout_correction_low, rollout_correction_high] and zeroes it outside.", CORRECTIONS)
     rollout_correction_level: str = _f("token", "The ratio the correction acts on: each token's, or each response's product over its tokens (the same weight for all its tokens).", LEVELS)
@@ -197,7 +203,7 @@ class PPOConfig:
             valid = ", ".join(map(repr, sorted(ADVANTAGE_ESTIMATORS)))
             raise ValueError(f"PPOConfig.advantage_estimator = {self.advantage_estimator!r} is not allowed; valid values are: {valid}")
         if self.advantage_estimator == "gae" and self.critic == "none":
-            raise ValueError("PPOConfig.critic = 'none' cannot be used with advantage_estimator = 'gae', which needs values; use 'separate' or 'shared', or a critic-free estimator (reinforce, rloo, grpo)")
+            raise ValueError("PPOConfig.critic = 'none' cannot be used with advantage_estimator = 'gae', which needs values; use 'separate' or 'shared', or a critic-free estimator (reinforce, rloo, grpo, dr_grpo, reinforce_pp, reinforce_pp_baseline)")
         if self.value_pooling != "token" and self.critic != "separate":
             raise ValueError(f"PPOConfig.value_pooling = {self.value_pooling!r} needs critic = 'separate' (got {self.critic!r})")
         if self.value_warmup_iterations and self.critic == "none":
@@ -210,8 +216,14 @@ class PPOConfig:
             raise ValueError("PPOConfig.ignore_eos never lets a response stop, so missing_eos_penalty or missing_eos_score would hit every response; set them to None")
         if self.stop_after and self.stop_after >= self.max_new_tokens:
             raise ValueError(f"PPOConfig.stop_after = {self.stop_after} leaves no position where a response could stop (max_new_tokens = {self.max_new_tokens})")
-        if self.advantage_estimator in ("rloo", "grpo") and self.responses_per_prompt < 2:
+        if self.advantage_estimator in GROUP_ESTIMATORS and self.responses_per_prompt < 2:
             raise ValueError(f"PPOConfig.advantage_estimator = {self.advantage_estimator!r} compares responses to the same prompt: set responses_per_prompt >= 2 (got {self.responses_per_prompt})")
+        if self.dynamic_sampling and self.responses_per_prompt < 2:
+            raise ValueError(f"PPOConfig.dynamic_sampling drops the groups whose responses all scored alike: set responses_per_prompt >= 2 (got {self.responses_per_prompt})")
+        if self.overlong_buffer > self.max_new_tokens:
+            raise ValueError(f"PPOConfig.overlong_buffer = {self.overlong_buffer} is longer than the budget max_new_tokens = {self.max_new_tokens}")
+        if self.advantage_estimator == "reinforce_pp_baseline" and self.whiten_rewards:
+            raise ValueError("PPOConfig.advantage_estimator = 'reinforce_pp_baseline' subtracts the group mean of the score from the score's token, which whiten_rewards has already rescaled and shifted; set whiten_rewards: false")
         if self.rollout_correction != "none" and self.old_logprobs == "sampling":
             raise ValueError(
                 f"PPOConfig.rollout_correction = {self.rollout_correction!r} weights tokens by pi_old / pi_sampler, but old_logprobs = 'sampling' "
@@ -311,6 +323,12 @@ class PPOConfig:
 
 
 PRESETS = Path(__file__).parent / "presets"
+# the estimators whose baseline is the other responses to the same prompt (responses_per_prompt >= 2)
+GROUP_ESTIMATORS = ("rloo", "grpo", "dr_grpo", "reinforce_pp_baseline")
+
+
+# chapter 10's algorithms, one preset each, all on the tiny model and the arithmetic task (offline)
+ALGORITHM_PRESETS = ("ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo")
 
 
 def presets() -> list[str]:

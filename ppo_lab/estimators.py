@@ -1,4 +1,4 @@
-"""Advantage estimators, by name: GAE, REINFORCE, RLOO and GRPO in one interface.
+"""Advantage estimators, by name: GAE, REINFORCE, RLOO, GRPO, Dr. GRPO and REINFORCE++ in one interface.
 
 Chapter 4 (GAE) and chapter 10 (Beyond PPO) use them. The trainer looks an estimator up by the
 name in its config, so comparing them is a one-word change, as in verl's
@@ -13,10 +13,26 @@ name in its config, so comparing them is a one-word change, as in verl's
 - values: (B, T) critic values (GAE only; REINFORCE uses them as its baseline if given).
 - group_ids: (B,) integer id of each response's prompt, for the group estimators: responses
   with the same id were sampled from the same prompt.
+- scores: (B,) the responses' scalar scores before any KL shaping (REINFORCE++-baseline only).
 
-The group estimators (RLOO, GRPO) need no critic: the other responses to the same prompt are
-the baseline. They see each response through its total reward R_i = sum_t rewards[i, t], and
-give every real token of response i the same advantage.
+The group estimators (RLOO, GRPO, Dr. GRPO) need no critic: the other responses to the same
+prompt are the baseline. They see each response through its total reward R_i = sum_t
+rewards[i, t], and give every real token of response i the same advantage. REINFORCE++ and its
+baseline variant keep per-token returns-to-go (the KL penalty of later tokens included) and
+normalise them over the whole batch instead of per group (Hu et al. 2025, as in OpenRLHF's
+`compute_advantages_and_returns`).
+
+What each subtracts and divides by (chapter 10 measures the bias of each on a bandit):
+
+| name | subtracts | divides by |
+|---|---|---|
+| gae | the critic's V(s_t), through the TD residuals | nothing |
+| reinforce | V(s_t), or the batch mean of G_t | nothing |
+| rloo | the mean of the other responses to the prompt | nothing |
+| grpo | the group mean (the response's own reward included) | the group's std |
+| dr_grpo | the group mean | nothing |
+| reinforce_pp | the batch mean of G_t | the batch std of G_t |
+| reinforce_pp_baseline | the group mean of the score, then the batch mean | the batch std |
 """
 
 from __future__ import annotations
@@ -27,8 +43,9 @@ import torch
 
 from ._checks import check_float, check_mask, check_range, check_same_shape, check_tensor
 from .gae import compute_gae
-from .masked import masked_mean
+from .masked import masked_mean, masked_whiten
 from .policy_gradient import discounted_returns
+from .shaping import last_real_index
 
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
@@ -94,22 +111,25 @@ def _group_totals(rewards, mask, group_ids):
     check_tensor("rewards", rewards, ndim=2)
     check_float(rewards=rewards)
     m = check_mask(mask, rewards, "rewards")
+    index, counts = _groups(group_ids, rewards.shape[0], rewards.device)
+    totals = torch.where(m.bool(), rewards, torch.zeros_like(rewards)).sum(dim=-1)
+    return totals, index, counts, m
+
+
+def _groups(group_ids, n: int, device):
+    """(index, counts): each response's group index (n,) and the group sizes (G,), checked."""
     if group_ids is None:
         raise ValueError("group estimators need `group_ids`: a (B,) id of each response's prompt")
-    group_ids = torch.as_tensor(group_ids, device=rewards.device)
-    if group_ids.shape != rewards.shape[:1]:
-        raise ValueError(
-            f"`group_ids` has shape {tuple(group_ids.shape)}; expected ({rewards.shape[0]},), "
-            "one id per response"
-        )
+    group_ids = torch.as_tensor(group_ids, device=device)
+    if group_ids.shape != (n,):
+        raise ValueError(f"`group_ids` has shape {tuple(group_ids.shape)}; expected ({n},), one id per response")
     _, index, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     if bool((counts < 2).any()):
         raise ValueError(
             "every group in `group_ids` needs at least 2 responses (the others are the "
             f"baseline); group sizes found: {sorted(set(counts.tolist()))}"
         )
-    totals = torch.where(m.bool(), rewards, torch.zeros_like(rewards)).sum(dim=-1)
-    return totals, index, counts, m
+    return index, counts
 
 
 @register_advantage_estimator("rloo")
@@ -150,3 +170,51 @@ def grpo_estimator(rewards, mask, *, group_ids=None, norm_by_std=True, eps=1e-6,
         eps = check_range("eps", eps, low=0.0)
         advantages = advantages / (std[index] + eps)
     return advantages[:, None] * m, totals[:, None] * m
+
+
+@register_advantage_estimator("dr_grpo")
+def dr_grpo_estimator(rewards, mask, *, group_ids=None, **_):
+    """Dr. GRPO's advantage (Liu et al. 2025, "Understanding R1-Zero-Like Training"):
+    A_i = R_i - mean_group R, with no division by the group's std; returns are R_i.
+
+    The paper's other half is the length handling: each sequence's token sum divided by one
+    constant (the generation budget), not by its own length, which is `loss_agg =
+    "seq-mean-token-sum-norm"` (the `dr_grpo` preset sets both).
+    """
+    return grpo_estimator(rewards, mask, group_ids=group_ids, norm_by_std=False)
+
+
+@register_advantage_estimator("reinforce_pp")
+def reinforce_pp_estimator(rewards, mask, *, gamma=1.0, **_):
+    """REINFORCE++ (Hu et al. 2025): the return-to-go G_t of the per-token rewards (the KL
+    penalty of every later token included), normalised over the real tokens of the whole batch:
+    A_t = (G_t - mean G) / std G; returns are G_t. No critic and no group: one prompt, one
+    response is enough. Applying the trainer's `whiten_advantages` afterwards changes nothing.
+    """
+    returns = discounted_returns(rewards, mask, gamma)
+    return masked_whiten(returns, mask), returns
+
+
+@register_advantage_estimator("reinforce_pp_baseline")
+def reinforce_pp_baseline_estimator(rewards, mask, *, group_ids=None, scores=None, gamma=1.0, **_):
+    """REINFORCE++-baseline (Hu et al. 2025; OpenRLHF's `reinforce_baseline`): the group mean of
+    the scalar score is subtracted from the score on the last real token, before any KL penalty
+    is counted; then the return-to-go is normalised over the batch like `reinforce_pp`
+    ("group mean, batch std"). The batch std replaces GRPO's per-group std, so a prompt whose
+    responses nearly all agree is not blown up to unit scale. Needs `scores` (B,): the scores
+    that `rewards` places on each response's last real token.
+    """
+    if scores is None:
+        raise ValueError("the 'reinforce_pp_baseline' advantage estimator needs `scores`: the (B,) scalar score of each response")
+    check_tensor("rewards", rewards, ndim=2)
+    check_float(rewards=rewards)
+    m = check_mask(mask, rewards, "rewards")
+    scores = torch.as_tensor(scores, device=rewards.device, dtype=rewards.dtype)
+    if scores.shape != rewards.shape[:1]:
+        raise ValueError(f"`scores` has shape {tuple(scores.shape)}; expected ({rewards.shape[0]},), one score per response")
+    index, counts = _groups(group_ids, rewards.shape[0], rewards.device)
+    group_mean = torch.zeros(counts.shape, dtype=scores.dtype, device=scores.device).index_add_(0, index, scores) / counts.to(scores.dtype)
+    centred = rewards.clone()  # the score's baseline comes off where the score sits: the last real token
+    centred[torch.arange(rewards.shape[0], device=rewards.device), last_real_index(m)] -= group_mean[index]
+    returns = discounted_returns(centred, mask, gamma)
+    return masked_whiten(returns, mask), returns

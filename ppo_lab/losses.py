@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from .aggregation import aggregate_loss
-from .clipping import clipped_policy_loss, kl_penalized_policy_loss
+from .clipping import cispo_policy_loss, clipped_policy_loss, gspo_policy_loss, kl_penalized_policy_loss
 from .kl import kl_penalty
 from .value import clipped_value_loss
 
@@ -57,6 +57,18 @@ def clip_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_hi
 def kl_penalty_loss(logprobs, old_logprobs, advantages, mask, *, penalty_beta, loss_agg="token-mean", **_):
     """PPO-penalty: the surrogate minus an adaptive KL to the old policy (chapter 6)."""
     return kl_penalized_policy_loss(logprobs, old_logprobs, advantages, mask, penalty_beta, loss_agg)
+
+
+@register_policy_loss("gspo")
+def gspo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_high=None, loss_agg="token-mean", **_):
+    """GSPO: PPO-clip on each response's geometric-mean ratio (chapter 10)."""
+    return gspo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high, loss_agg)
+
+
+@register_policy_loss("cispo")
+def cispo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_high=None, loss_agg="token-mean", **_):
+    """CISPO: a clipped, stop-gradient importance weight on REINFORCE (chapter 10)."""
+    return cispo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high, loss_agg)
 
 
 def ppo_loss(

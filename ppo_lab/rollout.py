@@ -49,6 +49,50 @@ class Rollout:
         return self.response_ids.shape[0]
 
 
+def cat_rollouts(parts: list[tuple[Rollout, torch.Tensor]], pad_id: int) -> Rollout:
+    """The rows `rows` (a 1-D index tensor) of each rollout in `parts`, as one rollout.
+
+    Prompts are left-padded and responses right-padded to the longest of the parts (padding is
+    masked out, and position ids count real tokens, so the log-probs do not change); group ids
+    are renumbered so that groups from different rollouts stay apart. Used by dynamic sampling.
+    """
+    P = max(ro.query_ids.shape[1] for ro, _ in parts)
+    T = max(ro.response_ids.shape[1] for ro, _ in parts)
+
+    def pad(x, width, value, front=False):
+        missing = width - x.shape[1]
+        if missing == 0:
+            return x
+        fill = torch.full((x.shape[0], missing), value, dtype=x.dtype, device=x.device)
+        return torch.cat([fill, x] if front else [x, fill], dim=1)
+
+    fields: dict[str, list] = {}
+    offset = 0
+    for ro, rows in parts:
+        idx = rows.tolist()
+        for name in ("prompts", "responses"):
+            fields.setdefault(name, []).extend(getattr(ro, name)[i] for i in idx)
+        for name in ("query_ids", "query_mask"):
+            fields.setdefault(name, []).append(pad(getattr(ro, name)[rows], P, pad_id if name == "query_ids" else 0, front=True))
+        for name in ("response_ids", "mask", "old_logprobs", "ref_logprobs", "values", "entropy", "sampler_logprobs", "weights"):
+            value = getattr(ro, name)
+            fields.setdefault(name, []).append(None if value is None else pad(value[rows], T, pad_id if name == "response_ids" else 0))
+        for name in ("scores", "has_eos"):
+            fields.setdefault(name, []).append(getattr(ro, name)[rows])
+        _, groups = torch.unique(ro.group_ids[rows], return_inverse=True)
+        fields.setdefault("group_ids", []).append(groups + offset)
+        offset += int(groups.max()) + 1 if len(idx) else 0
+    out = {}
+    for name, values in fields.items():
+        if name in ("prompts", "responses"):
+            out[name] = values
+        elif any(v is None for v in values):
+            out[name] = None
+        else:
+            out[name] = torch.cat(values)
+    return Rollout(**out)
+
+
 def full_sequence(query_ids, query_mask, response_ids, mask):
     """Prompt + response as one (B, L) sequence, L = P + T, with its attention mask and positions.
 

@@ -183,3 +183,35 @@ def reference_normalization(scores: torch.Tensor, mode: str = "mean-std", eps: f
         raise ValueError(f"the {scores.numel()} reference scores are all equal ({mean:g}): there is no spread to scale to std 1; use mode 'mean'")
     gain = 1.0 / (std + eps) if mode == "mean-std" else 1.0
     return gain, -mean * gain
+
+
+def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to the score.
+
+    A response that runs into the last `buffer` tokens of its budget loses reward linearly, up to
+    `factor` at the budget itself; a shorter one loses nothing:
+
+        penalty(|y|) = factor * min(0, ((L_max - buffer) - |y|) / buffer),   |y| <= L_max,
+
+    so -factor at |y| = L_max (a response cannot be longer: sampling stops there). The
+    punishment is by length alone, so the policy learns to finish before the budget instead of
+    being cut off, which a truncated response's reward (often 0 for a verifiable task) does not
+    tell it. verl computes it in `DAPORewardManager`.
+
+    Args:
+        lengths: (B,) response lengths |y| in tokens (the stop token included).
+        max_length: L_max, the generation budget (`max_new_tokens`).
+        buffer: the length of the punished stretch, 1 <= buffer <= max_length.
+        factor: the penalty at the budget, >= 0.
+
+    Returns:
+        (B,) float penalties in [-factor, 0].
+    """
+    check_tensor("lengths", lengths, ndim=1)
+    if not 1 <= buffer <= max_length:
+        raise ValueError(f"overlong buffer = {buffer!r} must be between 1 and the budget max_length = {max_length}")
+    factor = check_range("factor", factor, low=0.0)
+    lengths = lengths.to(torch.float32)
+    if bool((lengths > max_length).any()):
+        raise ValueError(f"a response of {int(lengths.max())} tokens is longer than the budget max_length = {max_length}")
+    return factor * torch.clamp((max_length - buffer - lengths) / buffer, max=0.0)

@@ -10,7 +10,7 @@ is verifiable. Everything here is generated from a seed, so no dataset is ever d
   positive, negative and mixed reviews, so the base model's continuations average near 0 and
   PPO has room to make them positive.
 - `arithmetic`: "1 2 + 7 =" -> "1 9" (numbers are written digit by digit). The reward is 1 for
-  the right sum and 0 otherwise.
+  the right sum and 0 otherwise. `arithmetic-small` is the same with single-digit numbers.
 
 A task is any object with `name`, `train_prompts`, `eval_prompts`, `reward(prompts,
 responses)` and `corpus(n, seed)`; `get_task(name)` returns a built-in one.
@@ -142,7 +142,14 @@ class ArithmeticTask:
         return out
 
 
-TASKS = {"sentiment": SentimentTask, "arithmetic": ArithmeticTask}
+def small_arithmetic() -> ArithmeticTask:
+    """Single-digit additions ("3 + 4 =" -> "7"): all 100 pairs, 80 for training and 20 held
+    out. The tiny model gets about 15% right, and RL improves that within a minute on a CPU
+    (chapter 10), where the two-digit task needs far longer."""
+    return ArithmeticTask(name="arithmetic-small", high=10, n_train=80, n_eval=20)
+
+
+TASKS = {"sentiment": SentimentTask, "arithmetic": ArithmeticTask, "arithmetic-small": small_arithmetic}
 
 
 def get_task(name: str):

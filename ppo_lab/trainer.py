@@ -56,16 +56,17 @@ from .aggregation import micro_batch_weight
 from .build import PromptStream, build_kl_controllers, build_optimizer, build_roles, build_task, draws, make_accelerator, seed_everything
 from .config import PPOConfig
 from .disagreements import dropout_on, gae_over_padding, parse_reproduce, score_past_last, whiten_with_padding
+from .dynamic_sampling import informative_groups
 from .estimators import get_advantage_estimator
 from .losses import ppo_loss
 from .masked import masked_whiten
 from .metrics import health_message, mean_metrics, rollout_metrics, rollout_problems, weight_norm, weights_problem
 from .models import PolicyWithValueHead
 from .rewards import check_scores, reads_token_ids, score_responses
-from .rollout import Rollout, check_chunkable, critic_values, generate, response_logprobs, score_tokens
+from .rollout import Rollout, cat_rollouts, check_chunkable, critic_values, generate, response_logprobs, score_tokens
 from .rollout_correction import correction_weights, gap_metrics
 from .run_output import RunOutput, save_policy
-from .shaping import adjust_scores, reference_normalization, shape_rewards
+from .shaping import adjust_scores, overlong_penalty, reference_normalization, shape_rewards
 
 class PPOTrainer:
     """PPO for a causal LM. Everything not passed in is built from `config`.
@@ -170,15 +171,16 @@ class PPOTrainer:
 
     # --- 1. rollout: sample, score with every model, reward ---------------------------------
     @torch.no_grad()
-    def rollout(self, prompts: list[str]) -> Rollout:
+    def rollout(self, prompts: list[str], round: int = 0) -> Rollout:
         """Sample `responses_per_prompt` responses per prompt, score their tokens with the policy,
         the reference and the critic, and the responses with the reward. Each process does its
-        share; the returned rollout is the whole batch. Non-finite scores are left for `step`."""
+        share; the returned rollout is the whole batch. Non-finite scores are left for `step`.
+        `round` > 0 draws other tokens for the extra rollouts of dynamic sampling."""
         k = self.config.responses_per_prompt
         repeated = [p for p in prompts for _ in range(k)]
         lo, hi = dist.shard(self.accelerator, len(repeated))
         mine = repeated[lo:hi]
-        uniforms = torch.rand(len(repeated), self.sampling.max_new_tokens, generator=draws(self.config.seed, self.iteration, "sample"))[lo:hi]
+        uniforms = torch.rand(len(repeated), self.sampling.max_new_tokens, generator=draws(self.config.seed, self.iteration, "sample", round))[lo:hi]
         from_sampling = self.old_logprobs_from == "sampling"
         policy = self.bare(self.policy)
         # (a sampler that differs from the trainer has no value head: the values come from a forward)
@@ -218,6 +220,37 @@ class PPOTrainer:
                 low=cfg.rollout_correction_low, high=cfg.rollout_correction_high,
             )
         return ro
+
+    def collect(self) -> tuple[Rollout, dict[str, float]]:
+        """The rollout of this iteration, and its sampling/* metrics. Without dynamic sampling, one
+        rollout of the next prompts. With it (DAPO), rollouts are drawn until `rollout_batch_size`
+        responses of informative groups (not all scored alike) are in hand, at most
+        `dynamic_sampling_max_rounds` of them; the first informative groups make the batch, and a
+        batch still short is filled with dropped groups, earliest first."""
+        cfg = self.config
+        if not cfg.dynamic_sampling:
+            return self.rollout(self.next_prompts()), {}
+        k, needed = cfg.responses_per_prompt, cfg.rollout_batch_size // cfg.responses_per_prompt
+        kept, dropped, drawn, informative = [], [], 0, 0
+        for round in range(cfg.dynamic_sampling_max_rounds):
+            ro = self.rollout(self.next_prompts(), round)
+            keep = informative_groups(ro.scores, ro.group_ids).view(-1, k)[:, 0]  # (groups,): a group's responses are adjacent
+            drawn, informative = drawn + len(keep), informative + int(keep.sum())
+            rows = torch.arange(len(ro), device=ro.mask.device).view(-1, k)
+            kept += [(ro, rows[g]) for g in torch.nonzero(keep).flatten().tolist()]
+            dropped += [(ro, rows[g]) for g in torch.nonzero(~keep).flatten().tolist()]
+            if len(kept) >= needed:
+                break
+        chosen = (kept + dropped)[:needed]
+        # one part per rollout, in drawing order, so that a batch from one round is that round's rollout
+        parts: list[tuple[Rollout, torch.Tensor]] = []
+        for source, rows in chosen:
+            if parts and parts[-1][0] is source:
+                parts[-1] = (source, torch.cat([parts[-1][1], rows]))
+            else:
+                parts.append((source, rows))
+        batch = cat_rollouts(parts, self.tokenizer.pad_token_id)
+        return batch, {"sampling/responses": float(drawn * k), "sampling/rounds": float(round + 1), "sampling/informative_frac": informative / drawn}
 
     def sampler(self):
         """The model that samples: the policy, or (sampler_noise > 0) its copy with every weight
@@ -270,22 +303,27 @@ class PPOTrainer:
             ro.scores, ro.has_eos, cfg.missing_eos_penalty, cfg.score_norm,
             missing_eos_score=cfg.missing_eos_score, gain=self.score_gain, bias=self.score_bias,
         )
+        if cfg.overlong_buffer:  # DAPO's soft overlong punishment, by length alone
+            scores = scores + overlong_penalty(ro.mask.sum(dim=-1), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty_factor).to(scores.dtype)
         kl_coef = self.kl_ctl.value if cfg.kl_in == "reward" else 0.0
         shaped = shape_rewards(scores, ro.old_logprobs, ro.ref_logprobs, ro.mask, kl_coef, cfg.kl_estimator, cfg.score_clip)
         if "score-past-last" in self.reproduce:
-            placed = scores.clamp(-cfg.score_clip, cfg.score_clip) if cfg.score_clip is not None else scores
-            shaped = score_past_last(shaped, placed, ro.mask)
+            shaped = score_past_last(shaped, scores.clamp(-cfg.score_clip, cfg.score_clip) if cfg.score_clip is not None else scores, ro.mask)
         rewards = shaped
         if cfg.whiten_rewards:  # std 1, mean kept: the sign of the KL penalty survives (OpenAI 2019)
             rewards = masked_whiten(shaped, ro.mask, shift_mean=False)
         estimator = self.estimator
         if "gae-over-padding" in self.reproduce:
             estimator = lambda rewards, mask, values, gamma, lam, **_: gae_over_padding(rewards, values, mask, gamma, lam)  # noqa: E731
-        advantages, returns = estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=cfg.gamma, lam=cfg.lam)
+        placed = scores.clamp(-cfg.score_clip, cfg.score_clip) if cfg.score_clip is not None else scores  # the score on the last token
+        common = dict(values=ro.values, group_ids=ro.group_ids, scores=placed, gamma=cfg.gamma)
+        advantages, returns = estimator(rewards, ro.mask, lam=cfg.lam, **common)
         if cfg.critic_lam is not None and cfg.critic_lam != cfg.lam:
-            _, returns = estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=cfg.gamma, lam=cfg.critic_lam)
+            _, returns = estimator(rewards, ro.mask, lam=cfg.critic_lam, **common)
         if cfg.whiten_advantages:
             advantages = whiten_with_padding(advantages, ro.mask) if "whiten-with-padding" in self.reproduce else masked_whiten(advantages, ro.mask)
+        if cfg.overlong_filter:  # DAPO: a truncated response adds no policy gradient
+            advantages = advantages * ro.has_eos.to(advantages.dtype)[:, None]
         return shaped, advantages, returns
 
     @torch.no_grad()
@@ -420,7 +458,7 @@ class PPOTrainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
-        ro = self.rollout(self.next_prompts())
+        ro, sampling = self.collect()
         if self.device.type == "cuda":
             # give the rollout's cached blocks (logits, KV cache) back before the update, so the
             # allocator does not hold both phases' fragments at once (as TRL does)
@@ -458,7 +496,7 @@ class PPOTrainer:
             self.kl_ctl.update(stats["objective/kl"], len(ro))
         self.iteration += 1
         metrics = {
-            **metrics, "iteration": self.iteration, **stats, "kl/coef": kl_coef, "train/skipped_updates": float(bool(self._skipped)),
+            **metrics, "iteration": self.iteration, **stats, **sampling, "kl/coef": kl_coef, "train/skipped_updates": float(bool(self._skipped)),
             "time/rollout": t1 - t0, "time/update": t2 - t1, "perf/tokens_per_s": n_tokens / max(t2 - t0, 1e-9),
             "perf/peak_memory_mb": dist.max_peak_memory_mb(self.accelerator), "lr": self.scheduler.get_last_lr()[0],
         }

@@ -22,13 +22,14 @@ from ppo_lab.trainer import PPOTrainer
 
 SWITCHES = {
     "critic": ["separate", "shared", "none"],
-    "advantage_estimator": ["gae", "reinforce", "rloo", "grpo"],
+    "advantage_estimator": ["gae", "reinforce", "rloo", "grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline"],
     "precision": ["fp32", "bf16"],
     "gradient_checkpointing": [False, True],
     "torch_compile": [False, True],
     "lora_r": [0, 4],
-    "policy_loss": ["clip", "kl_penalty"],
+    "policy_loss": ["clip", "kl_penalty", "gspo", "cispo"],
     "kl_in": ["reward", "loss"],
+    "kl_estimator": ["k1", "k3"],
     "kl_control": ["fixed", "adaptive"],
     "old_logprobs": ["auto", "sampling", "forward"],
     "gradient_accumulation_steps": [1, 2],
@@ -49,6 +50,9 @@ SWITCHES = {
     "logprob_chunk_size": [None, 5],
     "rollout_correction": ["none", "tis", "mis"],
     "sampler_noise": [0.0, 0.05],
+    "dynamic_sampling": [False, True],
+    "overlong_buffer": [0, 2],
+    "overlong_filter": [False, True],
 }
 BASE = dict(responses_per_prompt=2, total_iterations=2, eval_interval=1, save_interval=1, learning_rate=1e-3)
 

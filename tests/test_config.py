@@ -110,12 +110,14 @@ def test_command_line_flags(tmp_path):
 
 
 def test_presets_are_valid_configs():
-    from ppo_lab.config import presets
+    from ppo_lab.config import ALGORITHM_PRESETS, presets
 
     names = presets()
     assert {"gpt2-imdb", "qwen2.5-0.5b-sentiment", "openai-2019-sentiment", "n-plus-tldr", "tiny-rlhf-recipe"} <= set(names)
     for name in names:
         cfg = PPOConfig.from_yaml(name)
-        # presets are the networked, full-size runs, except the tiny-* ones (run in the tests)
-        assert (cfg.policy_model == "builtin:tiny") == name.startswith("tiny-")
+        # presets are the networked, full-size runs, except the tiny-* ones and chapter 10's
+        # algorithms (run in the tests)
+        assert (cfg.policy_model == "builtin:tiny") == (name.startswith("tiny-") or name in ALGORITHM_PRESETS)
+    assert set(ALGORITHM_PRESETS) <= set(names)
     assert PPOConfig.from_yaml("gpt2-imdb", total_iterations=3).total_iterations == 3

@@ -10,11 +10,11 @@ from ppo_lab.models import causal_mean_pool
 from ppo_lab.rollout import Sampling
 
 
-def test_the_registry_holds_both_ppo_variants_and_names_the_valid_ones():
-    assert {"clip", "kl_penalty"} <= set(POLICY_LOSSES)
-    with pytest.raises(ValueError, match=r"unknown policy loss 'clipp'; valid values are: 'clip', 'kl_penalty'"):
+def test_the_registry_holds_the_policy_losses_and_names_the_valid_ones():
+    assert {"clip", "kl_penalty", "gspo", "cispo"} <= set(POLICY_LOSSES)
+    with pytest.raises(ValueError, match=r"unknown policy loss 'clipp'; valid values are: 'cispo', 'clip', 'gspo', 'kl_penalty'"):
         get_policy_loss("clipp")
-    with pytest.raises(ValueError, match=r"PPOConfig.policy_loss = 'clipp' is not allowed; valid values are: 'clip', 'kl_penalty'"):
+    with pytest.raises(ValueError, match=r"PPOConfig.policy_loss = 'clipp' is not allowed; valid values are: 'cispo', 'clip', 'gspo', 'kl_penalty'"):
         ppo_lab.PPOConfig(policy_loss="clipp")
     with pytest.raises(ValueError, match=r"already registered"):
         register_policy_loss("clip")(lambda *a, **k: None)

@@ -94,7 +94,7 @@ def test_the_readme_metric_table_lists_exactly_the_emitted_keys(tiny_path, tmp_p
     configs = [
         dict(eval_interval=1, grad_clip_scope="per-model", sampler_noise=0.05, rollout_correction="tis"),
         dict(critic="shared", entropy_coef=0.01, kl_in="loss", dual_clip=3.0),
-        dict(policy_loss="kl_penalty", critic="none", advantage_estimator="rloo", responses_per_prompt=2),
+        dict(policy_loss="kl_penalty", critic="none", advantage_estimator="rloo", responses_per_prompt=2, dynamic_sampling=True),
     ]
     gold = lambda prompts, responses: [float(len(r)) for r in responses]  # noqa: E731 (reward/gold_mean, eval/gold_mean)
     for i, overrides in enumerate(configs):
