@@ -41,6 +41,7 @@ def clipped_policy_loss(
     clip_eps_high: float | None = None,
     dual_clip: float | None = None,
     loss_agg: str = "token-mean",
+    norm_length: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO-clip policy loss, to be minimised.
 
@@ -53,6 +54,8 @@ def clipped_policy_loss(
         clip_eps_high: eps_high > 0, the upper clip range; None means clip_eps.
         dual_clip: c > 1 caps the loss of negative-advantage tokens at -c * A; None disables.
         loss_agg: loss aggregation mode (see `aggregate_loss`).
+        norm_length: the constant L of "seq-mean-token-sum-norm" (the trainer passes
+            max_new_tokens); None means T, the tensors' padded width.
 
     Returns:
         loss: 0-dim tensor.
@@ -62,16 +65,8 @@ def clipped_policy_loss(
             "policy/ratio_min", "policy/ratio_max", and "policy/dual_clipfrac" when dual_clip
             is set.
     """
-    check_same_shape(
-        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask
-    )
-    check_tensor("logprobs", logprobs, ndim=2)
-    check_float(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
-    m = check_mask(mask, logprobs, "logprobs")
-    eps_low = check_range("clip_eps", clip_eps, low=0.0, low_open=True)
-    eps_high = eps_low if clip_eps_high is None else check_range(
-        "clip_eps_high", clip_eps_high, low=0.0, low_open=True
-    )
+    m = _check_inputs(logprobs, old_logprobs, advantages, mask)
+    eps_low, eps_high = _clip_range(clip_eps, clip_eps_high)
     real = m.bool()
     advantages = advantages.detach()
     # Padding may hold anything; a zero log-ratio there keeps exp() finite.
@@ -87,7 +82,7 @@ def clipped_policy_loss(
         dual_active = (advantages < 0) & (capped < per_token)
         per_token = torch.where(advantages < 0, capped, per_token)
         metrics["policy/dual_clipfrac"] = masked_mean(dual_active.to(m.dtype), m)
-    loss = aggregate_loss(per_token, m, loss_agg)
+    loss = aggregate_loss(per_token, m, loss_agg, norm_length)
     with torch.no_grad():
         clip_active = (clipped > unclipped).to(m.dtype)
         approx_kl = torch.expm1(log_ratio) - log_ratio  # k3 with r = rho
@@ -108,6 +103,7 @@ def kl_penalized_policy_loss(
     mask: torch.Tensor,
     penalty_beta: float,
     loss_agg: str = "token-mean",
+    norm_length: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's other variant, the adaptive KL penalty (Schulman et al., 2017, section 4).
 
@@ -133,17 +129,14 @@ def kl_penalized_policy_loss(
             "policy/ratio_max", and "policy/clipfrac" = 0 (nothing is clipped), so the same
             dashboards read both variants.
     """
-    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
-    check_tensor("logprobs", logprobs, ndim=2)
-    check_float(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
-    m = check_mask(mask, logprobs, "logprobs")
+    m = _check_inputs(logprobs, old_logprobs, advantages, mask)
     beta = check_range("penalty_beta", penalty_beta, low=0.0)
     real = m.bool()
     log_ratio = torch.where(real, logprobs - old_logprobs, torch.zeros_like(logprobs))
     ratio = torch.exp(log_ratio)
     k3 = torch.expm1(log_ratio) - log_ratio
     per_token = -advantages.detach() * ratio + beta * k3
-    loss = aggregate_loss(per_token, m, loss_agg)
+    loss = aggregate_loss(per_token, m, loss_agg, norm_length)
     with torch.no_grad():
         metrics = {
             "policy/clipfrac": torch.zeros((), dtype=m.dtype, device=m.device),
@@ -161,6 +154,7 @@ def gspo_policy_loss(
     clip_eps: float,
     clip_eps_high: float | None = None,
     loss_agg: str = "seq-mean-token-mean",
+    norm_length: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimization's loss (Zheng et al. 2025): PPO-clip on a sequence ratio.
 
@@ -190,12 +184,8 @@ def gspo_policy_loss(
         "policy/clipfrac" is the share of real tokens whose response's s_i is clipped, and
         "policy/approx_kl" is the tokens' k3, as for PPO-clip, so `target_kl` means the same.
     """
-    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
-    check_tensor("logprobs", logprobs, ndim=2)
-    check_float(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
-    m = check_mask(mask, logprobs, "logprobs")
-    eps_low = check_range("clip_eps", clip_eps, low=0.0, low_open=True)
-    eps_high = eps_low if clip_eps_high is None else check_range("clip_eps_high", clip_eps_high, low=0.0, low_open=True)
+    m = _check_inputs(logprobs, old_logprobs, advantages, mask)
+    eps_low, eps_high = _clip_range(clip_eps, clip_eps_high)
     real = m.bool()
     advantages = advantages.detach()
     log_ratio = torch.where(real, logprobs - old_logprobs, torch.zeros_like(logprobs))
@@ -206,7 +196,7 @@ def gspo_policy_loss(
     ratio = torch.exp(torch.where(real, token_log_ratio, torch.zeros_like(token_log_ratio)))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    loss = aggregate_loss(torch.maximum(unclipped, clipped), m, loss_agg)
+    loss = aggregate_loss(torch.maximum(unclipped, clipped), m, loss_agg, norm_length)
     with torch.no_grad():
         metrics = {
             "policy/clipfrac": masked_mean((clipped > unclipped).to(m.dtype), m),
@@ -224,6 +214,7 @@ def cispo_policy_loss(
     clip_eps: float,
     clip_eps_high: float | None = None,
     loss_agg: str = "token-mean",
+    norm_length: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped IS-weight Policy Optimization (CISPO, MiniMax-M1, 2025).
 
@@ -252,18 +243,14 @@ def cispo_policy_loss(
         loss: 0-dim tensor. metrics: as `clipped_policy_loss`'s; "policy/clipfrac" is the share
         of real tokens whose weight was truncated (rho outside the band).
     """
-    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
-    check_tensor("logprobs", logprobs, ndim=2)
-    check_float(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
-    m = check_mask(mask, logprobs, "logprobs")
-    eps_low = check_range("clip_eps", clip_eps, low=0.0, low_open=True)
-    eps_high = eps_low if clip_eps_high is None else check_range("clip_eps_high", clip_eps_high, low=0.0, low_open=True)
+    m = _check_inputs(logprobs, old_logprobs, advantages, mask)
+    eps_low, eps_high = _clip_range(clip_eps, clip_eps_high)
     real = m.bool()
     log_ratio = torch.where(real, logprobs - old_logprobs, torch.zeros_like(logprobs)).detach()
     ratio = torch.exp(log_ratio.clamp(max=20.0))  # (as verl: a constant, so only overflow matters)
     weight = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = -weight * advantages.detach() * torch.where(real, logprobs, torch.zeros_like(logprobs))
-    loss = aggregate_loss(per_token, m, loss_agg)
+    loss = aggregate_loss(per_token, m, loss_agg, norm_length)
     with torch.no_grad():
         metrics = {
             "policy/clipfrac": masked_mean((weight != ratio).to(m.dtype), m),
@@ -271,6 +258,20 @@ def cispo_policy_loss(
             **_ratio_stats(ratio, m),
         }
     return loss, metrics
+
+
+def _check_inputs(logprobs, old_logprobs, advantages, mask) -> torch.Tensor:
+    """Check the four (B, T) inputs of a policy loss; return the mask as 0/1 floats."""
+    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    check_tensor("logprobs", logprobs, ndim=2)
+    check_float(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
+    return check_mask(mask, logprobs, "logprobs")
+
+
+def _clip_range(clip_eps: float, clip_eps_high: float | None) -> tuple[float, float]:
+    """(eps_low, eps_high), checked; eps_high defaults to eps_low."""
+    eps_low = check_range("clip_eps", clip_eps, low=0.0, low_open=True)
+    return eps_low, eps_low if clip_eps_high is None else check_range("clip_eps_high", clip_eps_high, low=0.0, low_open=True)
 
 
 def _ratio_stats(ratio: torch.Tensor, m: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -24,7 +24,9 @@ from .kl import kl_penalty
 from .value import clipped_value_loss
 
 # A policy loss: (logprobs, old_logprobs, advantages, mask, *, config fields) -> (loss, metrics);
-# all tensors (B, T). Each takes the keyword arguments it needs and ignores the rest (**_).
+# all tensors (B, T). Each takes the keyword arguments it needs and ignores the rest (**_):
+# clip_eps, clip_eps_high, dual_clip, penalty_beta, loss_agg and norm_length (for
+# "seq-mean-token-sum-norm", the generation budget max_new_tokens).
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
@@ -48,27 +50,27 @@ def get_policy_loss(name: str) -> PolicyLoss:
 
 
 @register_policy_loss("clip")
-def clip_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_high=None, dual_clip=None, loss_agg="token-mean", **_):
+def clip_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_high=None, dual_clip=None, loss_agg="token-mean", norm_length=None, **_):
     """PPO-clip (chapter 6)."""
-    return clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high, dual_clip, loss_agg)
+    return clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high, dual_clip, loss_agg, norm_length)
 
 
 @register_policy_loss("kl_penalty")
-def kl_penalty_loss(logprobs, old_logprobs, advantages, mask, *, penalty_beta, loss_agg="token-mean", **_):
+def kl_penalty_loss(logprobs, old_logprobs, advantages, mask, *, penalty_beta, loss_agg="token-mean", norm_length=None, **_):
     """PPO-penalty: the surrogate minus an adaptive KL to the old policy (chapter 6)."""
-    return kl_penalized_policy_loss(logprobs, old_logprobs, advantages, mask, penalty_beta, loss_agg)
+    return kl_penalized_policy_loss(logprobs, old_logprobs, advantages, mask, penalty_beta, loss_agg, norm_length)
 
 
 @register_policy_loss("gspo")
-def gspo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_high=None, loss_agg="token-mean", **_):
+def gspo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_high=None, loss_agg="token-mean", norm_length=None, **_):
     """GSPO: PPO-clip on each response's geometric-mean ratio (chapter 10)."""
-    return gspo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high, loss_agg)
+    return gspo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high, loss_agg, norm_length)
 
 
 @register_policy_loss("cispo")
-def cispo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_high=None, loss_agg="token-mean", **_):
+def cispo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_high=None, loss_agg="token-mean", norm_length=None, **_):
     """CISPO: a clipped, stop-gradient importance weight on REINFORCE (chapter 10)."""
-    return cispo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high, loss_agg)
+    return cispo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high, loss_agg, norm_length)
 
 
 def ppo_loss(
@@ -99,28 +101,31 @@ def ppo_loss(
         train_policy: False during the critic's warm-up: only the value loss is returned.
     """
     m = batch["mask"]
+    # seq-mean-token-sum-norm divides by the generation budget, not by this batch's padded width
+    # (which is its longest response: sampling stops when every response has)
+    norm_length = float(config.max_new_tokens)
     loss = torch.zeros((), device=m.device)
     metrics: dict[str, torch.Tensor] = {}
     if train_policy:
         policy_loss = get_policy_loss(config.policy_loss)
         loss, metrics = policy_loss(
             logprobs, batch["old_logprobs"], batch["advantages"], m, clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high,
-            dual_clip=config.dual_clip, penalty_beta=penalty_beta, loss_agg=config.loss_agg,
+            dual_clip=config.dual_clip, penalty_beta=penalty_beta, loss_agg=config.loss_agg, norm_length=norm_length,
         )
         metrics["loss/policy"] = loss.detach()
     if values is not None:
-        vf_loss, v_metrics = clipped_value_loss(values.float(), batch["old_values"], batch["returns"], m, config.value_clip, config.loss_agg)
+        vf_loss, v_metrics = clipped_value_loss(values.float(), batch["old_values"], batch["returns"], m, config.value_clip, config.loss_agg, norm_length)
         loss = loss + config.vf_coef * vf_loss
         metrics.update(v_metrics)
         metrics["loss/value"] = vf_loss.detach()
     if train_policy and config.entropy_coef > 0:
         if entropy is None:
             raise ValueError("ppo_loss: config.entropy_coef > 0 needs the policy's `entropy` (B, T)")
-        entropy = aggregate_loss(entropy, m, config.loss_agg)
+        entropy = aggregate_loss(entropy, m, config.loss_agg, norm_length)
         loss = loss - config.entropy_coef * entropy
         metrics["loss/entropy"] = entropy.detach()
     if train_policy and config.kl_in == "loss":
-        kl = aggregate_loss(kl_penalty(logprobs, batch["ref_logprobs"], config.kl_estimator), m, config.loss_agg)
+        kl = aggregate_loss(kl_penalty(logprobs, batch["ref_logprobs"], config.kl_estimator), m, config.loss_agg, norm_length)
         loss = loss + kl_coef * kl
         metrics["loss/kl"] = kl.detach()
     return loss, metrics

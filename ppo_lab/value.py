@@ -53,6 +53,7 @@ def clipped_value_loss(
     mask: torch.Tensor,
     value_clip: float | None,
     loss_agg: str = "token-mean",
+    norm_length: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Squared-error critic loss with PPO's value clipping.
 
@@ -63,6 +64,7 @@ def clipped_value_loss(
         mask: (B, T) 1 on real response tokens.
         value_clip: c >= 0; None disables clipping.
         loss_agg: loss aggregation mode (see `aggregate_loss`).
+        norm_length: the constant L of "seq-mean-token-sum-norm" (None: T).
 
     Returns:
         loss: 0-dim, aggregate of 0.5 * max((V - R)^2, (V_clip - R)^2) with
@@ -85,7 +87,7 @@ def clipped_value_loss(
         clipped = (values_clipped - returns) ** 2
         per_token = torch.maximum(unclipped, clipped)
         clipped_more = (clipped > unclipped).to(values.dtype)
-    loss = 0.5 * aggregate_loss(per_token, m, loss_agg)
+    loss = 0.5 * aggregate_loss(per_token, m, loss_agg, norm_length)
     with torch.no_grad():
         metrics = {
             "value/clipfrac": masked_mean(clipped_more, m),

@@ -411,3 +411,55 @@ def test_sampled_bandit_gradients_average_to_the_exact_expectation(name):
     g = sampled_gradients(name, P, 4, 3000, torch.Generator().manual_seed(0))
     se = g.std(0) / math.sqrt(len(g))
     assert bool(((g.mean(0) - expected_gradient(name, P, 4)).abs() < 4 * se + 1e-12).all())
+
+
+def test_the_readme_preset_table_lists_each_presets_algorithm_fields():
+    """README, "Beyond PPO": one row per algorithm preset, naming exactly the fields its YAML sets
+    under its `# --- the algorithm ---` line, with their values."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from ppo_lab.config import ALGORITHM_PRESETS, PRESETS
+
+    root = Path(__file__).resolve().parents[1]
+    section = (root / "README.md").read_text().split("## Beyond PPO", 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z_]+)` \| [^|]+ \| (.+) \|$", section, flags=re.M)}
+    assert sorted(rows) == sorted(ALGORITHM_PRESETS)
+    for name in ALGORITHM_PRESETS:
+        algo = yaml.safe_load((PRESETS / f"{name}.yaml").read_text().split("# --- the algorithm ---", 1)[1])
+        listed = dict(item.split(": ", 1) for item in re.findall(r"`([^`]+)`", rows[name]))
+        assert {k: yaml.safe_load(v) for k, v in listed.items()} == algo, name
+
+
+def test_the_trainer_normalises_seq_mean_token_sum_norm_by_the_budget_not_the_padded_width():
+    """Dr. GRPO's constant is the generation budget: a batch padded to 4 tokens, with a budget of
+    10, is divided by 10 (the padded width changes from batch to batch)."""
+    from ppo_lab import PPOConfig
+    from ppo_lab.losses import ppo_loss
+
+    cfg = PPOConfig(loss_agg="seq-mean-token-sum-norm", max_new_tokens=10, critic="none", advantage_estimator="dr_grpo",
+                    responses_per_prompt=2, kl_in="loss", kl_coef=0.1, entropy_coef=0.01)
+    _, lp, old, adv, mask = _loss_inputs(3, B=4, T=4)
+    ref = old - 0.1
+    entropy = torch.rand(4, 4, dtype=torch.float64)
+    batch = {"mask": mask, "old_logprobs": old, "ref_logprobs": ref, "advantages": adv}
+    loss, metrics = ppo_loss(cfg, logprobs=lp, entropy=entropy, values=None, batch=batch, kl_coef=0.1, penalty_beta=0.0)
+
+    def by(L):
+        policy = clipped_policy_loss_ref(lp, old, adv, mask, L)
+        ent = aggregate(entropy, mask, L)
+        kl = aggregate(kl_penalty(lp, ref, "k1"), mask, L)
+        return policy - 0.01 * ent + 0.1 * kl
+
+    from ppo_lab import aggregate_loss, clipped_policy_loss
+
+    def clipped_policy_loss_ref(lp, old, adv, mask, L):
+        return clipped_policy_loss(lp, old, adv, mask, 0.2, None, None, "seq-mean-token-sum-norm", L)[0]
+
+    def aggregate(x, mask, L):
+        return aggregate_loss(x, mask, "seq-mean-token-sum-norm", L)
+
+    torch.testing.assert_close(loss, by(10.0))
+    assert not torch.allclose(loss, by(4.0))
