@@ -34,14 +34,14 @@ def seed_everything(seed: int) -> None:
 STREAMS = {"sample": 1, "shuffle": 2, "eval": 3, "reference": 4, "sampler": 5}
 
 
-def draws(seed: int, iteration: int | None, stream: str, round: int = 0) -> torch.Generator:
+def draws(seed: int, iteration: int | None, stream: str, attempt: int = 0) -> torch.Generator:
     """A CPU generator for one purpose ("sample", "shuffle", "eval", "reference", "sampler") of one
     iteration, the same on every process and in a resumed run. (Evaluation and the reference
-    responses of `reference_score_norm` pass iteration None: the same draws every time.) `round`
-    numbers the extra rollouts of one iteration (dynamic sampling); round 0 is the usual one."""
+    responses of `reference_score_norm` pass iteration None: the same draws every time.) `attempt`
+    numbers the extra rollouts of one iteration (dynamic sampling); 0 is the usual one."""
     if iteration is None:
         return torch.Generator().manual_seed(seed * 8 + STREAMS[stream])
-    return torch.Generator().manual_seed((seed * 1_000_003 + iteration) * 8 + STREAMS[stream] + round * (1 << 48))
+    return torch.Generator().manual_seed((seed * 1_000_003 + iteration) * 8 + STREAMS[stream] + attempt * (1 << 48))
 
 
 def make_accelerator(cfg: PPOConfig):

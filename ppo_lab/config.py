@@ -132,7 +132,7 @@ class PPOConfig:
     reference_score_norm: str = _f("none", "Fix a gain and bias once, before training, from the scores of the reference policy's responses: mean-std gives them mean 0 and std 1 (OpenAI 2019), mean gives them mean 0 (N+ centres its SFT references); none = off.", ("none", "mean-std", "mean"))
     reference_score_samples: int = _f(256, "Responses sampled from the reference policy, to prompts drawn at random from the training prompts, to fit reference_score_norm.", low=2)
     # --- critic-free recipes: which samples and lengths count (chapter 10) ------------------
-    dynamic_sampling: bool = _f(False, "DAPO's dynamic sampling: drop the groups whose responses all got the same score (their group advantages are 0) and sample more prompts until rollout_batch_size responses of informative groups are collected; needs responses_per_prompt >= 2.")
+    dynamic_sampling: bool = _f(False, "DAPO's dynamic sampling: drop the groups whose responses all got the same raw score from the reward (their group advantages are then 0, unless the KL or the overlong penalty separates them) and sample more prompts until rollout_batch_size responses of informative groups are collected; needs responses_per_prompt >= 2.")
     dynamic_sampling_max_rounds: int = _f(4, "Most rollouts drawn per iteration by dynamic_sampling; a batch still short after them is filled with dropped groups (verl stops the run instead).", low=1)
     overlong_buffer: int = _f(0, "DAPO's soft overlong punishment: a response in the last overlong_buffer tokens of max_new_tokens loses score linearly, up to overlong_penalty_factor at the budget (0 = off).", low=0)
     overlong_penalty_factor: float = _f(1.0, "The score lost by a response of exactly max_new_tokens tokens, with overlong_buffer.", low=0.0)
@@ -212,6 +212,8 @@ class PPOConfig:
             raise ValueError("PPOConfig.missing_eos_penalty and missing_eos_score both handle a response with no EOS; set one of them")
         if self.missing_eos_score is not None and not math.isfinite(self.missing_eos_score):
             raise ValueError(f"PPOConfig.missing_eos_score = {self.missing_eos_score!r} must be a finite number (or None)")
+        if self.ignore_eos and (self.overlong_filter or self.overlong_buffer):
+            raise ValueError("PPOConfig.ignore_eos makes every response exactly max_new_tokens long, so overlong_filter would remove every advantage and overlong_buffer would penalise every response alike; switch them off")
         if self.ignore_eos and (self.missing_eos_penalty is not None or self.missing_eos_score is not None):
             raise ValueError("PPOConfig.ignore_eos never lets a response stop, so missing_eos_penalty or missing_eos_score would hit every response; set them to None")
         if self.stop_after and self.stop_after >= self.max_new_tokens:

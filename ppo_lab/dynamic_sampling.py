@@ -40,5 +40,5 @@ def informative_groups(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.T
     s = scores.double()
     high = torch.full((g,), float("-inf"), dtype=s.dtype, device=s.device).scatter_reduce(0, index, s, "amax")
     low = torch.full((g,), float("inf"), dtype=s.dtype, device=s.device).scatter_reduce(0, index, s, "amin")
-    bad = torch.zeros(g, dtype=torch.bool, device=s.device).index_put_((index,), ~torch.isfinite(s), accumulate=True)
-    return (bad | (high != low))[index]
+    bad = torch.zeros(g, dtype=torch.uint8, device=s.device).scatter_reduce(0, index, (~torch.isfinite(s)).to(torch.uint8), "amax")
+    return (bad.bool() | (high != low))[index]

@@ -317,7 +317,7 @@ def measure_iteration(trainer) -> tuple[int, int, object]:
     iteration is a real one: the weights are updated, as by `step()` without its metrics."""
     with TensorMemory() as mem:
         mem.hold(trainer.policy, trainer.reference, trainer.critic, trainer.optimizer)
-        rollout = trainer.rollout(trainer.next_prompts())
+        rollout, _ = trainer.collect()  # (dynamic sampling included, as in `step()`)
         rollout_peak = mem.peak
         mem.peak = mem.current
         _, advantages, returns = trainer.advantages(rollout)

@@ -171,16 +171,16 @@ class PPOTrainer:
 
     # --- 1. rollout: sample, score with every model, reward ---------------------------------
     @torch.no_grad()
-    def rollout(self, prompts: list[str], round: int = 0) -> Rollout:
+    def rollout(self, prompts: list[str], attempt: int = 0) -> Rollout:
         """Sample `responses_per_prompt` responses per prompt, score their tokens with the policy,
         the reference and the critic, and the responses with the reward. Each process does its
         share; the returned rollout is the whole batch. Non-finite scores are left for `step`.
-        `round` > 0 draws other tokens for the extra rollouts of dynamic sampling."""
+        `attempt` > 0 draws other tokens for the extra rollouts of dynamic sampling."""
         k = self.config.responses_per_prompt
         repeated = [p for p in prompts for _ in range(k)]
         lo, hi = dist.shard(self.accelerator, len(repeated))
         mine = repeated[lo:hi]
-        uniforms = torch.rand(len(repeated), self.sampling.max_new_tokens, generator=draws(self.config.seed, self.iteration, "sample", round))[lo:hi]
+        uniforms = torch.rand(len(repeated), self.sampling.max_new_tokens, generator=draws(self.config.seed, self.iteration, "sample", attempt))[lo:hi]
         from_sampling = self.old_logprobs_from == "sampling"
         policy = self.bare(self.policy)
         # (a sampler that differs from the trainer has no value head: the values come from a forward)
@@ -224,33 +224,49 @@ class PPOTrainer:
     def collect(self) -> tuple[Rollout, dict[str, float]]:
         """The rollout of this iteration, and its sampling/* metrics. Without dynamic sampling, one
         rollout of the next prompts. With it (DAPO), rollouts are drawn until `rollout_batch_size`
-        responses of informative groups (not all scored alike) are in hand, at most
-        `dynamic_sampling_max_rounds` of them; the first informative groups make the batch, and a
-        batch still short is filled with dropped groups, earliest first."""
+        responses of informative groups (whose raw scores are not all equal, as verl's default
+        `metric: acc`) are in hand, at most `dynamic_sampling_max_rounds` of them. The first
+        informative groups make the batch; the ones beyond it are discarded (as in verl), and a
+        batch still short is filled with dropped groups, earliest first. Rows of different
+        rollouts are padded to a common width after they were scored at their own, so the first
+        step's ratio is 1 to float round-off rather than exactly."""
         cfg = self.config
         if not cfg.dynamic_sampling:
             return self.rollout(self.next_prompts()), {}
         k, needed = cfg.responses_per_prompt, cfg.rollout_batch_size // cfg.responses_per_prompt
-        kept, dropped, drawn, informative = [], [], 0, 0
-        for round in range(cfg.dynamic_sampling_max_rounds):
-            ro = self.rollout(self.next_prompts(), round)
+        kept: list[Rollout] = []  # each round's informative groups that the batch can still use
+        dropped: list[Rollout] = []  # and its other groups, as many as could be needed to fill it
+        n_kept = n_dropped = drawn = informative = 0
+        score_sum = 0.0
+        for attempt in range(cfg.dynamic_sampling_max_rounds):
+            ro = self.rollout(self.next_prompts(), attempt)
             keep = informative_groups(ro.scores, ro.group_ids).view(-1, k)[:, 0]  # (groups,): a group's responses are adjacent
             drawn, informative = drawn + len(keep), informative + int(keep.sum())
-            rows = torch.arange(len(ro), device=ro.mask.device).view(-1, k)
-            kept += [(ro, rows[g]) for g in torch.nonzero(keep).flatten().tolist()]
-            dropped += [(ro, rows[g]) for g in torch.nonzero(~keep).flatten().tolist()]
-            if len(kept) >= needed:
+            score_sum += ro.scores.double().sum().item()
+            groups = torch.arange(len(ro), device=ro.mask.device).view(-1, k)
+            # only the rows that can still be used are kept, the rest of the round is freed
+            good, bad = groups[keep][: needed - n_kept], groups[~keep][: needed - n_kept - n_dropped]
+            if len(good):
+                kept.append(cat_rollouts([(ro, good.flatten())], self.tokenizer.pad_token_id))
+            if len(bad):
+                dropped.append(cat_rollouts([(ro, bad.flatten())], self.tokenizer.pad_token_id))
+            n_kept, n_dropped = n_kept + len(good), n_dropped + len(bad)
+            del ro
+            if n_kept >= needed:
                 break
-        chosen = (kept + dropped)[:needed]
-        # one part per rollout, in drawing order, so that a batch from one round is that round's rollout
-        parts: list[tuple[Rollout, torch.Tensor]] = []
-        for source, rows in chosen:
-            if parts and parts[-1][0] is source:
-                parts[-1] = (source, torch.cat([parts[-1][1], rows]))
-            else:
-                parts.append((source, rows))
+        fill = needed - n_kept  # groups still missing: the earliest dropped ones
+        parts = [(part, torch.arange(len(part), device=part.mask.device)) for part in kept]
+        for part in dropped:
+            if fill <= 0:
+                break
+            take = min(fill, len(part) // k)
+            parts.append((part, torch.arange(take * k, device=part.mask.device)))
+            fill -= take
         batch = cat_rollouts(parts, self.tokenizer.pad_token_id)
-        return batch, {"sampling/responses": float(drawn * k), "sampling/rounds": float(round + 1), "sampling/informative_frac": informative / drawn}
+        return batch, {
+            "sampling/responses": float(drawn * k), "sampling/rounds": float(attempt + 1), "sampling/informative_frac": informative / drawn,
+            "sampling/score_mean": score_sum / (drawn * k),
+        }
 
     def sampler(self):
         """The model that samples: the policy, or (sampler_noise > 0) its copy with every weight
@@ -299,12 +315,13 @@ class PPOTrainer:
         `whiten_rewards` the estimator sees the rewards scaled to std 1; the rewards returned
         (and logged) are those before the scaling."""
         cfg = self.config
+        raw = ro.scores
+        if cfg.overlong_buffer:  # DAPO's soft overlong punishment, by length alone, added to the reward's score
+            raw = raw + overlong_penalty(ro.mask.sum(dim=-1), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty_factor).to(raw.dtype)
         scores = adjust_scores(
-            ro.scores, ro.has_eos, cfg.missing_eos_penalty, cfg.score_norm,
+            raw, ro.has_eos, cfg.missing_eos_penalty, cfg.score_norm,
             missing_eos_score=cfg.missing_eos_score, gain=self.score_gain, bias=self.score_bias,
         )
-        if cfg.overlong_buffer:  # DAPO's soft overlong punishment, by length alone
-            scores = scores + overlong_penalty(ro.mask.sum(dim=-1), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty_factor).to(scores.dtype)
         kl_coef = self.kl_ctl.value if cfg.kl_in == "reward" else 0.0
         shaped = shape_rewards(scores, ro.old_logprobs, ro.ref_logprobs, ro.mask, kl_coef, cfg.kl_estimator, cfg.score_clip)
         if "score-past-last" in self.reproduce:
@@ -320,9 +337,12 @@ class PPOTrainer:
         advantages, returns = estimator(rewards, ro.mask, lam=cfg.lam, **common)
         if cfg.critic_lam is not None and cfg.critic_lam != cfg.lam:
             _, returns = estimator(rewards, ro.mask, lam=cfg.critic_lam, **common)
+        counted = ro.mask
+        if cfg.overlong_filter and bool(ro.has_eos.any()):  # DAPO: a truncated response adds no policy gradient,
+            counted = ro.mask * ro.has_eos.to(ro.mask.dtype)[:, None]  # nor does it shape the whitening
         if cfg.whiten_advantages:
-            advantages = whiten_with_padding(advantages, ro.mask) if "whiten-with-padding" in self.reproduce else masked_whiten(advantages, ro.mask)
-        if cfg.overlong_filter:  # DAPO: a truncated response adds no policy gradient
+            advantages = whiten_with_padding(advantages, counted) if "whiten-with-padding" in self.reproduce else masked_whiten(advantages, counted)
+        if cfg.overlong_filter:
             advantages = advantages * ro.has_eos.to(advantages.dtype)[:, None]
         return shaped, advantages, returns
 

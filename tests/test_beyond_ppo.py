@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 
+import ppo_lab
+
 import reference as ref
 from conftest import SEEDS, random_mask, scribble
 from ppo_lab import (
@@ -293,7 +295,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(tiny_path, tmp
                        dynamic_sampling=True, dynamic_sampling_max_rounds=3, whiten_advantages=False)
     trainer = PPOTrainer(cfg, reward_fn=_scripted_reward([1, 1, 0, 1]))
     ro, metrics = trainer.collect()
-    assert len(ro) == 8 and metrics == {"sampling/responses": 16.0, "sampling/rounds": 2.0, "sampling/informative_frac": 0.5}
+    assert len(ro) == 8 and metrics == {"sampling/responses": 16.0, "sampling/rounds": 2.0, "sampling/informative_frac": 0.5, "sampling/score_mean": 0.75}
     assert ro.scores.view(-1, 2).tolist() == [[0.0, 1.0]] * 4  # every group informative
     assert ro.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     # the rows are the rollouts' own: the prompts match their tokens, and the log-probs the tokens
@@ -316,6 +318,7 @@ def test_dynamic_sampling_fills_a_short_batch_with_dropped_groups(tiny_path, tmp
     trainer = PPOTrainer(cfg, reward_fn=_scripted_reward([1, 1, 1, 1, 1, 1, 0, 1]))  # one group in four
     ro, metrics = trainer.collect()
     assert len(ro) == 8 and metrics["sampling/rounds"] == 2.0 and metrics["sampling/informative_frac"] == 0.25
+    assert metrics["sampling/score_mean"] == 0.875  # over all 16 drawn responses, not the batch's 0.75
     assert ro.scores.view(-1, 2).tolist() == [[0.0, 1.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0]]
     history = trainer.train(1)
     assert history[0]["policy/steps"] >= 1
@@ -358,6 +361,11 @@ def test_overlong_penalty_and_filter_reach_the_advantages(tiny_path, tmp_path):
     assert bool((~ro.has_eos).any()) and bool(ro.has_eos.any())
     assert bool((filtered[~ro.has_eos] == 0).all())
     torch.testing.assert_close(filtered[ro.has_eos], advantages[ro.has_eos])
+    # with whitening, the truncated responses do not shape the others' mean and std
+    trainer.config.whiten_advantages = True
+    _, white, _ = trainer.advantages(ro)
+    kept = ro.mask * ro.has_eos[:, None]
+    torch.testing.assert_close(white, ppo_lab.masked_whiten(advantages, kept))
 
 
 @pytest.mark.parametrize("name", ["ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo"])
@@ -463,3 +471,17 @@ def test_the_trainer_normalises_seq_mean_token_sum_norm_by_the_budget_not_the_pa
 
     torch.testing.assert_close(loss, by(10.0))
     assert not torch.allclose(loss, by(4.0))
+
+
+def test_overlong_handling_is_refused_when_no_response_can_stop():
+    from ppo_lab import PPOConfig
+
+    for fields in (dict(overlong_filter=True), dict(overlong_buffer=2)):
+        with pytest.raises(ValueError, match="ignore_eos makes every response exactly max_new_tokens long"):
+            PPOConfig(ignore_eos=True, **fields)
+    with pytest.raises(ValueError, match="overlong_buffer = 20 is longer than the budget max_new_tokens = 12"):
+        PPOConfig(overlong_buffer=20)
+    with pytest.raises(ValueError, match="dynamic_sampling drops the groups"):
+        PPOConfig(dynamic_sampling=True)
+    with pytest.raises(ValueError, match="reinforce_pp_baseline"):
+        PPOConfig(advantage_estimator="reinforce_pp_baseline", critic="none", responses_per_prompt=2, whiten_rewards=True)
