@@ -52,7 +52,7 @@ from .estimators import (
 )
 from .gae import compute_gae
 from .importance import effective_sample_size, importance_weights
-from .kl import KL_ESTIMATORS, full_kl, kl_penalty
+from .kl import KL_ESTIMATORS, expected_loss_gradient, full_kl, kl_gradient, kl_penalty
 from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLController
 from .logprobs import chunked_logprobs, entropy_from_logits, logprobs_from_logits
 from .masked import masked_mean, masked_var, masked_whiten, response_mask
@@ -130,6 +130,7 @@ __all__ = [
     "discounted_returns",
     "effective_sample_size",
     "entropy_from_logits",
+    "expected_loss_gradient",
     "explained_variance",
     "full_kl",
     "gap_metrics",
@@ -137,6 +138,7 @@ __all__ = [
     "gspo_policy_loss",
     "importance_weights",
     "informative_groups",
+    "kl_gradient",
     "kl_penalized_policy_loss",
     "kl_penalty",
     "last_real_index",

@@ -132,6 +132,11 @@ def _groups(group_ids, n: int, device):
     return index, counts
 
 
+def _group_sum(values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """(G,) the sum of (B,) `values` over each group (`index` and `counts` from `_groups`)."""
+    return torch.zeros(counts.shape, dtype=values.dtype, device=values.device).index_add_(0, index, values)
+
+
 @register_advantage_estimator("rloo")
 def rloo_estimator(rewards, mask, *, group_ids=None, **_):
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024).
@@ -141,10 +146,8 @@ def rloo_estimator(rewards, mask, *, group_ids=None, **_):
     so the estimate stays unbiased.
     """
     totals, index, counts, m = _group_totals(rewards, mask, group_ids)
-    group_sum = torch.zeros(counts.shape, dtype=totals.dtype, device=totals.device)
-    group_sum.index_add_(0, index, totals)
     n = counts[index].to(totals.dtype)
-    baseline = (group_sum[index] - totals) / (n - 1)
+    baseline = (_group_sum(totals, index, counts)[index] - totals) / (n - 1)
     advantages = (totals - baseline)[:, None] * m
     return advantages, totals[:, None] * m
 
@@ -159,12 +162,9 @@ def grpo_estimator(rewards, mask, *, group_ids=None, norm_by_std=True, eps=1e-6,
     nearly always solves (or always fails) weigh the most.
     """
     totals, index, counts, m = _group_totals(rewards, mask, group_ids)
-    g = counts.shape[0]
-    zeros = torch.zeros(g, dtype=totals.dtype, device=totals.device)
     n = counts.to(totals.dtype)
-    mean = zeros.clone().index_add_(0, index, totals) / n
-    sq = zeros.clone().index_add_(0, index, (totals - mean[index]) ** 2)
-    std = torch.sqrt(sq / (n - 1))
+    mean = _group_sum(totals, index, counts) / n
+    std = torch.sqrt(_group_sum((totals - mean[index]) ** 2, index, counts) / (n - 1))
     advantages = totals - mean[index]
     if norm_by_std:
         eps = check_range("eps", eps, low=0.0)
@@ -213,7 +213,7 @@ def reinforce_pp_baseline_estimator(rewards, mask, *, group_ids=None, scores=Non
     if scores.shape != rewards.shape[:1]:
         raise ValueError(f"`scores` has shape {tuple(scores.shape)}; expected ({rewards.shape[0]},), one score per response")
     index, counts = _groups(group_ids, rewards.shape[0], rewards.device)
-    group_mean = torch.zeros(counts.shape, dtype=scores.dtype, device=scores.device).index_add_(0, index, scores) / counts.to(scores.dtype)
+    group_mean = _group_sum(scores, index, counts) / counts.to(scores.dtype)
     centred = rewards.clone()  # the score's baseline comes off where the score sits: the last real token
     centred[torch.arange(rewards.shape[0], device=rewards.device), last_real_index(m)] -= group_mean[index]
     returns = discounted_returns(centred, mask, gamma)

@@ -12,6 +12,10 @@ gives three estimators:
 
 "abs" = |log r| is TRL's `kl_penalty="abs"` option. `full_kl` computes the exact per-token KL from
 the full logits, the ground truth the book measures the estimators against.
+
+Used as a loss (`kl_in="loss"`, chapter 10), what counts is an estimator's gradient with the
+sample held fixed, which is not the gradient of the KL it estimates (Tang and Munos 2025):
+`expected_loss_gradient` computes it exactly for one distribution, `kl_gradient` the two KLs'.
 """
 
 from __future__ import annotations
@@ -81,3 +85,48 @@ def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor, temperature: float =
         logq = torch.log_softmax(ref_row, dim=-1)
         out.append((logp.exp() * (logp - logq)).sum(dim=-1))
     return torch.stack(out)  # (B, T)
+
+
+def expected_loss_gradient(logits: torch.Tensor, ref_logits: torch.Tensor, kl_estimator: str = "k3") -> torch.Tensor:
+    """E_{y ~ pi}[d kl_penalty(y) / d logits] exactly, the sample y held fixed: the expected
+    gradient of an estimator used as a loss, summed over the vocabulary.
+
+    Args:
+        logits: (N,) logits of pi over a vocabulary of N tokens (one position).
+        ref_logits: (N,) logits of pi_ref.
+        kl_estimator: "k1", "k2", "k3" or "abs".
+
+    Returns:
+        (N,) gradient with respect to `logits`. k1 gives 0, k2 the gradient of KL(pi || pi_ref),
+        k3 that of KL(pi_ref || pi) (chapter 10; `kl_gradient` gives the two).
+    """
+    check_tensor("logits", logits, ndim=1)
+    check_same_shape(logits=logits, ref_logits=ref_logits)
+    check_float(logits=logits, ref_logits=ref_logits)
+    z = logits.detach().clone().requires_grad_()
+    logp, ref = torch.log_softmax(z, 0), torch.log_softmax(ref_logits.detach(), 0)
+    per_token = kl_penalty(logp[:, None], ref[:, None], kl_estimator)[:, 0]  # (N,): the loss at each sample y
+    weights = torch.softmax(logits.detach(), 0)  # the sample's probability, a constant
+    # sum_y pi(y) grad k(y): one backward of the pi-weighted sum, since the weights carry no gradient
+    (grad,) = torch.autograd.grad((weights * per_token).sum(), z)
+    return grad
+
+
+def kl_gradient(logits: torch.Tensor, ref_logits: torch.Tensor, reverse: bool = True) -> torch.Tensor:
+    """The gradient of KL(pi || pi_ref) (`reverse`, the KL the penalty means) or of KL(pi_ref || pi)
+    with respect to the logits of pi = softmax(logits).
+
+    Args:
+        logits: (N,) logits of pi over a vocabulary of N tokens (one position).
+        ref_logits: (N,) logits of pi_ref.
+        reverse: which KL.
+
+    Returns:
+        (N,) gradient with respect to `logits`.
+    """
+    check_tensor("logits", logits, ndim=1)
+    check_same_shape(logits=logits, ref_logits=ref_logits)
+    z = logits.detach().clone().requires_grad_()
+    p, q = torch.log_softmax(z, 0), torch.log_softmax(ref_logits.detach(), 0)
+    kl = (p.exp() * (p - q)).sum() if reverse else (q.exp() * (q - p)).sum()
+    return torch.autograd.grad(kl, z)[0]
