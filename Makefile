@@ -3,6 +3,8 @@
 #   make test   run every test: unit tests, nbval on the chapters, a clean -W -n build of the book
 #   make bench  speed benchmark against TRL's PPOTrainer (creates .venv-bench on first use;
 #               see benchmarks/README.md)
+#   make student-book  the student edition into _build/student: the HTML and the chapters'
+#               notebooks without the exercise solutions, from the executed twins (runs nothing)
 # For authors:
 #   make twins  regenerate the chapters' .ipynb twins from their .md sources and execute them
 PYTHON ?= python3
@@ -15,7 +17,7 @@ TWINS  := $(PY) book/_scripts/twins.py
 # needs its inline backend, and matplotlib falls back to Agg by itself without a display.)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: book test install twins bench clean
+.PHONY: book test install twins bench clean student-book
 
 install: $(STAMP)
 
@@ -56,6 +58,10 @@ test: $(STAMP)
 
 twins: $(STAMP)
 	$(TWINS) sync
+
+# Built from the twins' stored outputs, so it takes seconds; see book/_scripts/student_edition.py.
+student-book: $(STAMP)
+	$(PY) book/_scripts/student_edition.py _build/student
 
 # The benchmark has its own venv: TRL 1.12 and its extra dependencies stay out of .venv.
 # torch goes first so that pip never resolves it to a CUDA build.

@@ -21,6 +21,7 @@ module                 what it holds                                   chapter
 `dynamic_sampling`     DAPO's filter of groups that teach nothing      10
 `bandit`               a bandit with a known gradient, for estimators  10
 `losses`               policy-loss registry, the loss of a micro-batch 7, 10
+`update`               one PPO update in one screen (`ppo_update`)     7
 `tasks`, `tiny`        offline tasks and the built-in tiny model       1, 7
 `models`, `rewards`    the four roles: policy, reference, critic,      1, 7
                        reward
@@ -60,6 +61,7 @@ from .policy_gradient import discounted_returns, reinforce_loss
 from .rollout_correction import correction_weights, gap_metrics
 from .shaping import adjust_scores, last_real_index, overlong_penalty, reference_normalization, shape_rewards
 from .value import clipped_value_loss, explained_variance
+from .update import ppo_update
 
 __version__ = "0.1.0"
 
@@ -147,6 +149,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "overlong_penalty",
+    "ppo_update",
     "register_advantage_estimator",
     "reference_normalization",
     "reinforce_loss",

@@ -69,12 +69,14 @@ def clipped_policy_loss(
     eps_low, eps_high = _clip_range(clip_eps, clip_eps_high)
     real = m.bool()
     advantages = advantages.detach()
+    ### BEGIN SOLUTION clipping
     # Padding may hold anything; a zero log-ratio there keeps exp() finite.
     log_ratio = torch.where(real, logprobs - old_logprobs, torch.zeros_like(logprobs))
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.maximum(unclipped, clipped)
+    ### END SOLUTION
     metrics = {}
     if dual_clip is not None:
         c = check_range("dual_clip", dual_clip, low=1.0, low_open=True)

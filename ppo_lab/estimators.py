@@ -146,9 +146,11 @@ def rloo_estimator(rewards, mask, *, group_ids=None, **_):
     so the estimate stays unbiased.
     """
     totals, index, counts, m = _group_totals(rewards, mask, group_ids)
+    ### BEGIN SOLUTION grpo
     n = counts[index].to(totals.dtype)
     baseline = (_group_sum(totals, index, counts)[index] - totals) / (n - 1)
     advantages = (totals - baseline)[:, None] * m
+    ### END SOLUTION
     return advantages, totals[:, None] * m
 
 
@@ -162,6 +164,7 @@ def grpo_estimator(rewards, mask, *, group_ids=None, norm_by_std=True, eps=1e-6,
     nearly always solves (or always fails) weigh the most.
     """
     totals, index, counts, m = _group_totals(rewards, mask, group_ids)
+    ### BEGIN SOLUTION grpo
     n = counts.to(totals.dtype)
     mean = _group_sum(totals, index, counts) / n
     std = torch.sqrt(_group_sum((totals - mean[index]) ** 2, index, counts) / (n - 1))
@@ -169,7 +172,9 @@ def grpo_estimator(rewards, mask, *, group_ids=None, norm_by_std=True, eps=1e-6,
     if norm_by_std:
         eps = check_range("eps", eps, low=0.0)
         advantages = advantages / (std[index] + eps)
-    return advantages[:, None] * m, totals[:, None] * m
+    advantages = advantages[:, None] * m
+    ### END SOLUTION
+    return advantages, totals[:, None] * m
 
 
 @register_advantage_estimator("dr_grpo")

@@ -67,6 +67,7 @@ def compute_gae(
     m = check_mask(mask, rewards, "rewards")
     gamma = check_range("gamma", gamma, 0.0, 1.0)
     lam = check_range("lam", lam, 0.0, 1.0)
+    ### BEGIN SOLUTION gae
     real = m.bool()
     r = torch.where(real, rewards, torch.zeros_like(rewards))
     v = torch.where(real, values, torch.zeros_like(values)).to(r.dtype)
@@ -84,3 +85,4 @@ def compute_gae(
     advantages = advantages * m
     returns = (advantages + v) * m
     return advantages, returns
+    ### END SOLUTION

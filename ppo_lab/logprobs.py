@@ -67,6 +67,7 @@ def logprobs_from_logits(
         raise ValueError(f"`response_ids` must hold integer ids, got dtype {response_ids.dtype}")
     temperature = check_range("temperature", temperature, low=0.0, low_open=True)
 
+    ### BEGIN SOLUTION logprobs
     if logits.dtype in _FULL_PRECISION and temperature == 1.0:
         # log p(x) = logit_x - logsumexp(logits): one (B, T) gather, no (B, T, V) copy kept.
         picked = logits.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
@@ -76,6 +77,7 @@ def logprobs_from_logits(
         picked = row.gather(-1, row_tokens.unsqueeze(-1)).squeeze(-1)  # (T,)
         out.append(picked - torch.logsumexp(row, dim=-1))
     return torch.stack(out)  # (B, T)
+    ### END SOLUTION
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -112,6 +112,7 @@ def masked_whiten(
     """
     check_float(x=x)
     m = check_mask(mask, x)
+    ### BEGIN SOLUTION gae
     # The public functions for their checks (no real token, a single one); on the upcast
     # copies, so that half-precision input is whitened in float32 and only the result is cast.
     xc, mc = _upcast(x, m)
@@ -120,6 +121,7 @@ def masked_whiten(
     if not shift_mean:
         white = white + mean
     return torch.where(mc.bool(), white, torch.zeros_like(white)).to(x.dtype)
+    ### END SOLUTION
 
 
 def response_mask(
@@ -148,6 +150,7 @@ def response_mask(
     check_tensor("response_ids", response_ids, ndim=2)
     if eos_token_id is None:
         return torch.ones_like(response_ids, dtype=torch.float32)
+    ### BEGIN SOLUTION logprobs
     ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     is_eos = torch.isin(response_ids, torch.tensor(ids, device=response_ids.device))
     if stop_after:
@@ -155,3 +158,4 @@ def response_mask(
     # eos_seen[t] counts stop tokens strictly before t: position t is real until one was seen.
     eos_seen = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()
     return (eos_seen == 0).float()
+    ### END SOLUTION

@@ -45,8 +45,10 @@ def last_real_index(mask: torch.Tensor) -> torch.Tensor:
     check_tensor("mask", mask, ndim=2)
     m = check_mask(mask, mask, "mask")
     check_nonempty_mask(m, "the last real token", dim=-1)
+    ### BEGIN SOLUTION shaping
     positions = torch.arange(m.shape[1], device=m.device)
     return torch.where(m.bool(), positions, -1).max(dim=-1).values
+    ### END SOLUTION
 
 
 def shape_rewards(
@@ -92,12 +94,14 @@ def shape_rewards(
     if score_clip is not None:
         c = check_range("score_clip", score_clip, low=0.0, low_open=True)
         scores = scores.clamp(-c, c)
+    ### BEGIN SOLUTION shaping
     last = last_real_index(m)  # (B,)
     kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
     rewards = torch.where(m.bool(), -kl_coef * kl, torch.zeros_like(kl))
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     rewards[rows, last] += scores.to(rewards.dtype)
     return rewards
+    ### END SOLUTION
 
 
 def adjust_scores(

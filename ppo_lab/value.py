@@ -77,6 +77,7 @@ def clipped_value_loss(
     check_float(values=values, old_values=old_values, returns=returns)
     m = check_mask(mask, values, "values")
     returns = returns.detach()
+    ### BEGIN SOLUTION clipping
     unclipped = (values - returns) ** 2
     if value_clip is None:
         per_token = unclipped
@@ -87,6 +88,7 @@ def clipped_value_loss(
         clipped = (values_clipped - returns) ** 2
         per_token = torch.maximum(unclipped, clipped)
         clipped_more = (clipped > unclipped).to(values.dtype)
+    ### END SOLUTION
     loss = 0.5 * aggregate_loss(per_token, m, loss_agg, norm_length)
     with torch.no_grad():
         metrics = {

@@ -1,0 +1,53 @@
+"""Hidden checks of assignment 'grpo'."""
+
+import torch
+from _grading import close, expect, graded, lab
+from test_grpo_public import GROUPS, SCORES, outcome
+
+
+@graded("rloo_estimator", 1)
+def test_rloo_groups_by_id_in_any_order():
+    """groups are found by their ids, whatever the order of the rows"""
+    rewards, mask = outcome(SCORES, [3] * 7)
+    ids = torch.tensor(GROUPS)
+    perm = torch.tensor([3, 0, 5, 1, 6, 2, 4])
+    a, _ = lab("estimators").rloo_estimator(rewards, mask, group_ids=ids)
+    b, _ = lab("estimators").rloo_estimator(rewards[perm], mask[perm], group_ids=ids[perm])
+    close(b, a[perm], "RLOO advantages of the shuffled rows (each row's advantage must follow it)")
+
+
+@graded("rloo_estimator", 1)
+def test_rloo_returns_are_the_scores():
+    """the returns are each response's total reward, on its real tokens"""
+    rewards, mask = outcome([1.0, 2.0, 0.5, 4.0], [2, 4, 1, 3])
+    _, ret = lab("estimators").rloo_estimator(rewards, mask, group_ids=torch.tensor([0, 0, 1, 1]))
+    close(ret, torch.tensor([1.0, 2.0, 0.5, 4.0])[:, None] * mask, "RLOO returns")
+
+
+@graded("grpo_estimator", 1)
+def test_grpo_without_the_std():
+    """norm_by_std = False leaves the division out (Dr. GRPO)"""
+    rewards, mask = outcome(SCORES, [2] * 7)
+    adv, _ = lab("estimators").grpo_estimator(rewards, mask, group_ids=torch.tensor(GROUPS), norm_by_std=False)
+    means = {0: 1 / 3, 1: 3.5}
+    close(adv[:, 0], torch.tensor([s - means[g] for s, g in zip(SCORES, GROUPS)]), "advantages R_i - group mean without the std")
+
+
+@graded("grpo_estimator", 1)
+def test_grpo_broadcasts_over_real_tokens():
+    """each response's advantage is the same on all its real tokens, and 0 on padding"""
+    rewards, mask = outcome([1.0, 2.0, 0.5, 4.0], [2, 4, 1, 3])
+    adv, _ = lab("estimators").grpo_estimator(rewards, mask, group_ids=torch.tensor([0, 0, 1, 1]))
+    expect(bool((adv[mask == 0] == 0).all()), f"padding should hold 0; advantages {adv.tolist()}")
+    for b in range(4):
+        real = adv[b][mask[b] > 0]
+        expect(bool((real == real[0]).all()), f"row {b}: one advantage for the whole response expected, got {real.tolist()}")
+
+
+@graded("grpo_estimator", 1)
+def test_grpo_a_tied_group_gets_zero():
+    """a group whose responses all score the same gets advantage 0 (not nan)"""
+    rewards, mask = outcome([1.0, 1.0, 1.0, 0.0, 2.0], [2] * 5)
+    adv, _ = lab("estimators").grpo_estimator(rewards, mask, group_ids=torch.tensor([0, 0, 0, 1, 1]))
+    expect(bool(torch.isfinite(adv).all()) and bool((adv[:3] == 0).all()),
+           f"a group scoring 1, 1, 1 has std 0: its advantages should be 0 (eps keeps the division finite); got {adv[:3, 0].tolist()}")

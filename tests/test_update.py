@@ -1,0 +1,61 @@
+"""`ppo_update`, the one-screen PPO update (chapter 7 and the course's `ppo_update` assignment):
+the same weights as `PPOTrainer.update` under the same settings, and its input checks."""
+
+import copy
+
+import pytest
+import torch
+
+from conftest import small_config
+from ppo_lab import ppo_update
+from ppo_lab.build import draws
+from ppo_lab.rollout import critic_values, response_logprobs
+from ppo_lab.trainer import PPOTrainer
+
+
+def _weights(trainer):
+    return [p.detach().clone() for p in trainer._trained_parameters()]
+
+
+@pytest.mark.parametrize("value_clip", [0.2, None])
+def test_ppo_update_moves_the_weights_as_the_trainer_does(tmp_path, value_clip):
+    """With the trainer's defaults minus gradient clipping (the one step ppo_update leaves out),
+    one update of the same rollout from the same weights, optimizer state and shuffles gives the
+    same weights to round-off."""
+    cfg = small_config(tmp_path, max_grad_norm=None, value_clip=value_clip, ppo_epochs=2, minibatch_size=8)
+    trainer = PPOTrainer(cfg)
+    ro = trainer.rollout(trainer.next_prompts())
+    _, advantages, returns = trainer.advantages(ro)
+    start = _weights(trainer)
+    opt_state = copy.deepcopy(trainer.optimizer.state_dict())
+    trainer.update(ro, advantages, returns)
+    by_trainer = _weights(trainer)
+    assert any(not torch.equal(a, b) for a, b in zip(start, by_trainer)), "the trainer's update moved nothing"
+
+    with torch.no_grad():
+        for p, w in zip(trainer._trained_parameters(), start):
+            p.copy_(w)
+    trainer.optimizer.load_state_dict(opt_state)
+    trainer._modes(training=True)
+
+    def forward(rows):
+        q, qm, r, m = ro.query_ids[rows], ro.query_mask[rows], ro.response_ids[rows], ro.mask[rows]
+        logprobs, _, _ = response_logprobs(trainer.policy, q, qm, r, m, trainer.score_temperature)
+        return logprobs, critic_values(trainer.critic, q, qm, r, m).float()
+
+    batch = {"scores": ro.scores, "old_logprobs": ro.old_logprobs, "ref_logprobs": ro.ref_logprobs, "old_values": ro.values, "mask": ro.mask}
+    adv, ret, metrics = ppo_update(
+        forward, trainer.optimizer, batch, kl_coef=trainer.kl_ctl.value, gamma=cfg.gamma, lam=cfg.lam, clip_eps=cfg.clip_eps,
+        value_clip=cfg.value_clip, vf_coef=cfg.vf_coef, epochs=cfg.ppo_epochs, minibatch_size=cfg.minibatch_size,
+        generator=draws(cfg.seed, trainer.iteration, "shuffle"),
+    )
+    torch.testing.assert_close(adv, advantages)
+    torch.testing.assert_close(ret, returns)
+    assert metrics["policy/steps"] == cfg.ppo_epochs * cfg.rollout_batch_size // cfg.minibatch_size
+    for ours, theirs in zip(_weights(trainer), by_trainer):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_ppo_update_names_a_missing_batch_entry():
+    with pytest.raises(ValueError, match=r"lacks \['old_values'\]"):
+        ppo_update(lambda rows: None, None, {"scores": torch.zeros(2), "old_logprobs": torch.zeros(2, 3), "ref_logprobs": torch.zeros(2, 3), "mask": torch.ones(2, 3)}, kl_coef=0.1)
