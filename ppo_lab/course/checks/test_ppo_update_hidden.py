@@ -60,3 +60,28 @@ def test_padding_changes_nothing():
     close(adv_b, adv_a, "advantages with junk stored at padded positions")
     for name, p, q in zip(("logits", "values"), a_model.parameters(), b_model.parameters()):
         close(q.detach(), p.detach(), f"the {name} after an update with junk stored at padded positions")
+
+
+@graded("ppo_update", 1)
+def test_each_step_uses_its_own_minibatch_alone():
+    """each step's gradient comes from its own minibatch alone (the gradients are zeroed between steps)"""
+    model, batch = setting(seed=4)
+    calls, stepped = [], []
+
+    def forward(rows):
+        calls.append(sorted(rows.tolist()))
+        return model(rows)
+
+    class Recording(torch.optim.SGD):
+        def step(self, closure=None):
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in (model.logits, model.values)]
+            rows = (grads[0].abs().sum((1, 2)) > 0) | (grads[1].abs().sum(1) > 0)
+            stepped.append(torch.nonzero(rows).flatten().tolist())
+            return super().step(closure)
+
+    lab().ppo_update(forward, Recording(model.parameters(), lr=0.1), batch, kl_coef=0.1, epochs=2, minibatch_size=3)
+    expect(len(stepped) == len(calls) == 4, f"6 rows, minibatches of 3, 2 epochs: expected 4 forwards and 4 steps, saw {len(calls)} and {len(stepped)}")
+    for k, (rows, with_grad) in enumerate(zip(calls, stepped)):
+        expect(set(with_grad) <= set(rows),
+               f"step {k} had gradient on rows {with_grad} but its minibatch was rows {rows}: the gradient of an earlier "
+               "minibatch was still there (zero the gradients before each backward)")
