@@ -2,9 +2,9 @@
 
 Chapter 7 (The PPO trainer) walks through `PPOTrainer`, which does this with every switch of
 `PPOConfig` (other estimators and losses, micro-batches, several processes, gradient clipping,
-early stopping on a target KL). This function is the same update with the defaults and nothing
-else, short enough to read in one screen and to write as an exercise (the course's
-`ppo_update` assignment):
+early stopping on a target KL, a learning-rate schedule). This function is the update that the
+trainer's default switches give, without gradient clipping and the target-KL early stop, short
+enough to read in one screen and to write as an exercise (the course's `ppo_update` assignment):
 
     rewards    = shape_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef)   chapter 5
     A, R       = compute_gae(rewards, old_values, mask, gamma, lam)                 chapter 4
@@ -14,7 +14,8 @@ else, short enough to read in one screen and to write as an exercise (the course
         one optimizer step on it
 
 `tests/test_update.py` checks that it moves a model's weights exactly as `PPOTrainer.update`
-does under the same settings.
+does under the same settings (`max_grad_norm` and `target_kl` None, the constant learning
+rate), to float round-off.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def ppo_update(
     lam: float = 0.95,
     clip_eps: float = 0.2,
     value_clip: float | None = 0.2,
-    vf_coef: float = 0.1,
+    vf_coef: float = 0.5,
     epochs: int = 4,
     minibatch_size: int | None = None,
     generator: torch.Generator | None = None,
@@ -64,7 +65,7 @@ def ppo_update(
         clip_eps: PPO's clip range for the ratio; value_clip: the critic's (None: no clipping).
         vf_coef: weight of the value loss in the one loss both models step on.
         epochs: passes over the batch; minibatch_size: rows per optimizer step (None: B).
-        generator: the random generator of the shuffles (None: torch's global one).
+        generator: the CPU random generator of the shuffles (None: torch's global one).
 
     Returns:
         advantages: (B, T) whitened over the real tokens, 0 on padding.

@@ -11,7 +11,9 @@ the student's code cannot take the grader down), then writes the report:
   assignment under `extra_data`, so the same file serves a script and Gradescope.
 
 Hidden checks are graded like the public ones; in the Gradescope report they are visible
-`after_published`.
+`after_published`. An instructor's own checks (`extra_checks`, a folder of `test_*.py` files
+written like those in `checks/`) run as hidden checks beside them and need not ship with the
+package.
 """
 
 from __future__ import annotations
@@ -29,51 +31,69 @@ from . import assignment as find_assignment
 from .handout import CHECKS, SUPPORT, check_files, properties
 
 
-def grade(folder, *, name: str | None = None, public_only: bool = False, timeout: float = 600.0) -> dict:
+def grade(folder, *, name: str | None = None, public_only: bool = False, extra_checks=None, timeout: float = 600.0) -> dict:
     """Grade the submission in `folder` (made by `create`: `ppo_lab/` and `assignment.json`).
 
     Args:
         folder: the student's folder.
         name: the assignment; None reads it from the folder's assignment.json.
         public_only: run only the public checks (what a student can run).
-        timeout: seconds before the checks are stopped; every check not finished scores 0.
+        extra_checks: a folder of the instructor's own check files (`test_*.py`, written like
+            those in `checks/`, with `@graded`), run as hidden checks beside the built-in ones.
+        timeout: seconds before the checks are stopped; the checks that had finished keep their
+            marks, the others score 0.
 
     Returns:
-        the report, in Gradescope's results.json format (see the module docstring).
+        the report, in Gradescope's results.json format (see the module docstring); its
+        `extra_data["problem"]` says why some checks did not run, if any did not.
     """
     folder = Path(folder).resolve()
     if not (folder / "ppo_lab" / "__init__.py").exists():
         raise ValueError(f"{folder} holds no ppo_lab/ package; give the folder that `ppo-lab-course create` made")
-    if name is None:
-        info = folder / "assignment.json"
-        if not info.exists():
-            raise ValueError(f"{folder} has no assignment.json; name the assignment (--assignment)")
-        name = json.loads(info.read_text())["assignment"]
-    spec = find_assignment(name)
+    spec = find_assignment(name if name is not None else _assignment_of(folder))
     files = check_files(spec.name, hidden=not public_only)
-    expected = [p for f in files for p in properties(f)]
+    if extra_checks is not None and not public_only:
+        extra = sorted(Path(extra_checks).glob("test_*.py"))
+        if not extra:
+            raise ValueError(f"{extra_checks} holds no check files (test_*.py)")
+        files += extra
+    expected = [{**p, **({"visibility": "hidden"} if f.parent != CHECKS else {})} for f in files for p in properties(f)]
+    names = [p["test"] for p in expected]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two checks share a name: {sorted({n for n in names if names.count(n) > 1})}")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ppo-lab-grade-") as tmp:
         run = Path(tmp)
         for path in [CHECKS / s for s in SUPPORT] + files:
             shutil.copy(path, run / path.name)
         (run / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir: no outer config applies
-        results = run / "results.json"
-        env = {**os.environ, "PPO_LAB_COURSE_SUBMISSION": str(folder), "PPO_LAB_COURSE_RESULTS": str(results),
-               "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               "PYTHONDONTWRITEBYTECODE": "1"}
-        cmd = [sys.executable, "-m", "pytest", str(run), "-q", "-p", "no:cacheprovider", "--rootdir", str(run), "-c", str(run / "pytest.ini")]
+        results = run / "results.jsonl"
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+        env.update({
+            "PPO_LAB_COURSE_SUBMISSION": str(folder), "PPO_LAB_COURSE_RESULTS": str(results),
+            "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "OMP_NUM_THREADS": "1",
+        })
+        # the files in order, public first: the checks a student can see always run first
+        cmd = [sys.executable, "-m", "pytest", *(str(run / f.name) for f in files), "-q", "-p", "no:cacheprovider", "--rootdir", str(run), "-c", str(run / "pytest.ini")]
+        problem = None
         try:
             proc = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True, timeout=timeout)
-            problem = None if results.exists() else f"the checks did not run: {(proc.stdout + proc.stderr).strip()[-2000:]}"
+            if proc.returncode not in (0, 1):  # 0: all passed, 1: some failed; else pytest itself failed
+                problem = f"the checks did not run to the end (pytest exit code {proc.returncode}): {(proc.stdout + proc.stderr).strip()[-2000:]}"
         except subprocess.TimeoutExpired:
             problem = f"the checks did not finish in {timeout:g} s (an endless loop?)"
-        ran = {r["test"]: r for r in json.loads(results.read_text())} if results.exists() else {}
+        lines = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    collect_errors = [r["collect_error"] for r in lines if "collect_error" in r]
+    if collect_errors:
+        problem = f"a check file could not be loaded: {collect_errors[0]}"
     tests = []
     for p in expected:
-        r = ran.get(p["test"])
-        passed = bool(r and r["passed"])
-        output = "" if passed else (r["message"] if r else (problem or "this check did not run"))
+        items = {r["collected"] for r in lines if r.get("test") == p["test"] and "collected" in r}
+        fails = [r["message"] for r in lines if r.get("test") == p["test"] and r.get("passed") is False]
+        done = {r["item"] for r in lines if r.get("test") == p["test"] and "item" in r}
+        passed = bool(items) and not fails and items <= done
+        output = "" if passed else (fails[0] if fails else (problem or "this check did not run"))
         tests.append({
             "name": f"{p['function']}: {p['property']}",
             "score": p["points"] if passed else 0,
@@ -94,8 +114,19 @@ def grade(folder, *, name: str | None = None, public_only: bool = False, timeout
         "visibility": "visible",
         "tests": tests,
         "extra_data": {"assignment": spec.name, "max_score": sum(t["max_score"] for t in tests), "functions": functions,
-                       "public_only": public_only},
+                       "public_only": public_only, "problem": problem},
     }
+
+
+def _assignment_of(folder: Path) -> str:
+    """The assignment named in a folder's assignment.json, or a ValueError that says what is wrong."""
+    info = folder / "assignment.json"
+    try:
+        return json.loads(info.read_text())["assignment"]
+    except FileNotFoundError:
+        raise ValueError(f"{folder} has no assignment.json; name the assignment (--assignment)") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{info} is not an assignment file ({type(err).__name__}: {err}); name the assignment (--assignment)") from None
 
 
 def summary(report: dict) -> str:
@@ -110,5 +141,7 @@ def summary(report: dict) -> str:
     lines.append("")
     for name, f in report["extra_data"]["functions"].items():
         lines.append(f"{name}: {f['score']:g} of {f['max_score']:g}")
+    if report["extra_data"].get("problem"):
+        lines.append(f"problem: {report['extra_data']['problem']}")
     lines.append(f"{report['output']} ({report['execution_time']:.1f} s)")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ import shutil
 from importlib import import_module
 from pathlib import Path
 
-from .regions import find_regions, skeleton
+from .regions import regions_in_package, skeleton
 
 PACKAGE = Path(__file__).resolve().parents[1]  # the installed ppo_lab: the reference solution
 CHECKS = Path(__file__).resolve().parent / "checks"
@@ -41,7 +41,11 @@ def properties(path: Path) -> list[dict]:
     """The graded checks of a check file, read without importing it (no torch needed): each test
     function decorated `@graded(function, points)`, with the property (its docstring's first line)."""
     found = []
-    for node in ast.parse(path.read_text()).body:
+    try:
+        tree = ast.parse(path.read_text())
+    except (SyntaxError, UnicodeDecodeError) as err:
+        raise ValueError(f"the check file {path} cannot be read: {type(err).__name__}: {err}") from None
+    for node in tree.body:
         if not isinstance(node, ast.FunctionDef):
             continue
         for deco in node.decorator_list:
@@ -85,12 +89,7 @@ def create(assignment, folder, *, solution: bool = False) -> Path:
 
 def _cut_functions(assignment) -> set[str]:
     """The names of the functions that hold one of `assignment`'s regions."""
-    names = set()
-    for path in PACKAGE.rglob("*.py"):
-        text = path.read_text()
-        if "### BEGIN SOLUTION" in text:
-            names.update(r.function for r in find_regions(text, str(path)) if r.assignment == assignment.name)
-    return names
+    return {r.function for regions in regions_in_package(PACKAGE).values() for r in regions if r.assignment == assignment.name}
 
 
 def specification(fn) -> str:
@@ -136,16 +135,17 @@ def handout(assignment) -> str:
         "",
         "## Checking your work",
         "",
-        "From this folder, with `ppo-lab` installed (`pip install ppo-lab`):",
+        "You need Python 3.10 or newer with PyTorch and pytest. From this folder:",
         "",
         "```bash",
-        "ppo-lab-course grade . --public-only     # the public checks, with a score and what failed",
-        "python -m pytest tests                   # the same checks as plain pytest",
+        "python -m pytest tests                   # the public checks",
+        "ppo-lab-course grade . --public-only     # the same, with your score and what failed (needs ppo-lab installed)",
         "```",
         "",
-        "Both run your copy of the package in `ppo_lab/`, not the installed one. So does",
-        "`python -m ppo_lab.cli train` run in this folder: it trains the built-in tiny model with",
-        "your functions (a few minutes on a laptop CPU).",
+        "Both run your copy of the package in `ppo_lab/`, not an installed one. So does",
+        "`python -m ppo_lab.cli train` run in this folder (it needs the package's dependencies:",
+        "transformers, accelerate, ...): it trains the built-in tiny model, with your functions where",
+        "the trainer uses them.",
         "",
     ]
     return "\n".join(out)

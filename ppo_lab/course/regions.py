@@ -29,8 +29,9 @@ from pathlib import Path
 BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?: (?P<name>\w+))?\s*$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
 _DEF = re.compile(r"^(?P<indent>\s*)(?:async\s+)?def (?P<name>\w+)\s*\(")
-_ASSIGNED = re.compile(r"^\s*(?P<targets>[A-Za-z_][\w, ]*?)\s*(?:\+|-|\*|/)?=(?!=)")
-_WORD = re.compile(r"[A-Za-z_]\w*")
+# `a = ...`, `a, b = ...`, `a += ...`, `a: int = ...` (a keyword argument `a=b,` of a call that
+# continues over several lines is not an assignment: lines ending in "," are skipped)
+_ASSIGNED = re.compile(r"^\s*(?P<targets>[A-Za-z_][\w, ]*?)\s*(?::[^=]+)?(?:\+|-|\*|/|//|\*\*|%|\||&|\^)?=(?!=)")
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,13 @@ def _enclosing_function(lines: list[str], at: int) -> str | None:
 
 
 def _function_rest(lines: list[str], region: Region) -> list[str]:
-    """The lines of the region's function after its END marker."""
+    """The lines of the region's function after its END marker (to the end of the function, not
+    of the block the region sits in)."""
+    def_indent = next(len(m.group("indent")) for line in reversed(lines[: region.begin])
+                      if (m := _DEF.match(line)) and len(m.group("indent")) < len(region.indent))
     rest = []
     for line in lines[region.end + 1 :]:
-        if line.strip() and len(line) - len(line.lstrip()) < len(region.indent):
+        if line.strip() and len(line) - len(line.lstrip()) <= def_indent:
             break
         rest.append(line)
     return rest
@@ -94,11 +98,12 @@ def names_used_later(lines: list[str], region: Region) -> list[str]:
     assigned = []
     for line in lines[region.begin + 1 : region.end]:
         m = _ASSIGNED.match(line)
-        if m:
+        if m and not line.rstrip().endswith(","):
             for name in (t.strip() for t in m.group("targets").split(",")):
                 if name.isidentifier() and not keyword.iskeyword(name) and name not in assigned:
                     assigned.append(name)
-    later = {w for line in _function_rest(lines, region) for w in _WORD.findall(line.split("#")[0])}
+    code = (re.sub(r"(\"[^\"]*\"|'[^']*')", "", line.split("#")[0]) for line in _function_rest(lines, region))
+    later = {w for line in code for w in re.findall(r"(?<![\w.])[A-Za-z_]\w*", line)}  # names, not attributes or strings
     return [name for name in assigned if name in later]
 
 
@@ -132,6 +137,8 @@ def regions_in_package(root: Path) -> dict[str, list[Region]]:
     """{relative path: its regions} for every .py file under `root` that has any."""
     found = {}
     for path in sorted(root.rglob("*.py")):
+        if "course" in path.relative_to(root).parts:  # the course's own code (its docstrings show markers)
+            continue
         regions = find_regions(path.read_text(), str(path))
         if regions:
             found[path.relative_to(root).as_posix()] = regions

@@ -1,7 +1,7 @@
 """Hidden checks of assignment 'gae'."""
 
 import torch
-from _grading import close, expect, graded, lab, right_padded, slow_whiten
+from _grading import close, expect, graded, lab, right_padded
 
 
 @graded("compute_gae", 1)
@@ -26,7 +26,8 @@ def test_shift_mean_false_keeps_the_mean():
     """shift_mean = False scales to std 1 and keeps the mean"""
     g = torch.Generator().manual_seed(5)
     x, mask = torch.randn(3, 4, generator=g) + 1.5, torch.ones(3, 4)
-    close(lab().masked_whiten(x, mask, shift_mean=False), slow_whiten(x, mask, shift_mean=False), "whitening with shift_mean=False")
+    close(lab().masked_whiten(x, mask, shift_mean=False), lab().masked_whiten(x, mask) + x.mean(),
+          "whitening with shift_mean=False: the whitened values plus the mean of x")
 
 
 @graded("masked_whiten", 1)

@@ -15,11 +15,18 @@ def outcome(scores, lengths):
 SCORES, GROUPS = [1.0, 0.0, 0.0, 3.0, 2.0, 5.0, 4.0], [0, 0, 0, 1, 1, 1, 1]
 
 
+def per_token(adv, rewards):
+    """Expect the (B, T) advantages of the docstring, not one number per response."""
+    expect(tuple(adv.shape) == tuple(rewards.shape), f"the advantages should have the rewards' shape {tuple(rewards.shape)} "
+           f"(one value per token, the response's advantage on each real token), got {tuple(adv.shape)}")
+    return adv
+
+
 @graded("rloo_estimator", 2)
 def test_rloo_leaves_one_out():
     """each response's baseline is the mean score of the OTHER responses to its prompt"""
     rewards, mask = outcome(SCORES, [3] * 7)
-    adv, _ = lab("estimators").rloo_estimator(rewards, mask, group_ids=torch.tensor(GROUPS))
+    adv = per_token(lab("estimators").rloo_estimator(rewards, mask, group_ids=torch.tensor(GROUPS))[0], rewards)
     want = []
     for i, (s, g) in enumerate(zip(SCORES, GROUPS)):
         others = [SCORES[j] for j in range(7) if GROUPS[j] == g and j != i]
@@ -32,7 +39,7 @@ def test_rloo_leaves_one_out():
 def test_rloo_broadcasts_over_real_tokens():
     """each response's advantage is the same on all its real tokens, and 0 on padding"""
     rewards, mask = outcome([1.0, 2.0, 0.5, 4.0], [2, 4, 1, 3])
-    adv, _ = lab("estimators").rloo_estimator(rewards, mask, group_ids=torch.tensor([0, 0, 1, 1]))
+    adv = per_token(lab("estimators").rloo_estimator(rewards, mask, group_ids=torch.tensor([0, 0, 1, 1]))[0], rewards)
     expect(bool((adv[mask == 0] == 0).all()), f"padding should hold 0; advantages {adv.tolist()}")
     for b in range(4):
         real = adv[b][mask[b] > 0]
@@ -43,7 +50,7 @@ def test_rloo_broadcasts_over_real_tokens():
 def test_grpo_group_mean_and_std():
     """GRPO's advantage is (R - group mean) / (group std + eps), with the unbiased std"""
     rewards, mask = outcome(SCORES, [2] * 7)
-    adv, _ = lab("estimators").grpo_estimator(rewards, mask, group_ids=torch.tensor(GROUPS), eps=1e-6)
+    adv = per_token(lab("estimators").grpo_estimator(rewards, mask, group_ids=torch.tensor(GROUPS), eps=1e-6)[0], rewards)
     want = []
     for s, g in zip(SCORES, GROUPS):
         group = torch.tensor([SCORES[j] for j in range(7) if GROUPS[j] == g], dtype=torch.float64)

@@ -27,12 +27,15 @@ def test_large_logits_do_not_overflow():
 
 
 @graded("response_mask", 2)
-def test_pad_equal_to_eos_keeps_the_eos():
-    """when the padding is the EOS token itself (pad == eos), the first EOS stays real"""
-    out = lab().response_mask(torch.tensor([[5, 7, 2, 2, 2], [5, 7, 9, 4, 2]]), 2)
-    want = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]).float()
-    expect(torch.equal(out.float(), want), f"with pad == eos == 2: expected {want.int().tolist()}, got {out.int().tolist()} "
-           "(a mask built as ids != pad_id drops the real EOS too: the off-by-one AlpacaFarm warns about)")
+def test_pad_equal_to_eos():
+    """when the padding is the EOS token itself (pad == eos), the EOS tokens after the first are padding"""
+    out = lab().response_mask(torch.tensor([[5, 7, 2, 2, 2], [5, 7, 9, 4, 2], [2, 2, 2, 2, 2]]), 2)
+    after = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0], [0, 1, 1, 1, 1]]).bool()
+    before = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [0, 0, 0, 0, 0]]).bool()
+    expect(bool((out[after] == 0).all()) and bool((out[before] == 1).all()),
+           f"with pad == eos == 2 (GPT-2 pads with its EOS): rows [[5, 7, 2, 2, 2], [5, 7, 9, 4, 2], [2, 2, 2, 2, 2]] gave "
+           f"{out.int().tolist()}; the tokens before the first EOS are real and every token after it is padding, "
+           "even though it is an EOS token too: only the first one ends the response")
 
 
 @graded("response_mask", 1)

@@ -34,13 +34,15 @@ def test_the_temperature_divides_the_logits():
                f"at temperature {tau} the log-probabilities equal those at temperature 1: the temperature was ignored "
                "(the responses were sampled from softmax(logits / tau), so that is the policy whose log-probs enter the ratio)")
         close(out, slow_logprobs(logits, ids, tau), f"log-probabilities at temperature {tau}")
+    half = lab().logprobs_from_logits(logits.to(torch.bfloat16), ids, temperature=0.7)
+    close(half, slow_logprobs(logits.to(torch.bfloat16).float(), ids, 0.7), "log-probabilities of bfloat16 logits at temperature 0.7", atol=1e-3)
 
 
 @graded("response_mask", 2)
 def test_the_mask_ends_at_the_first_eos():
     """the mask covers each response up to and including its first EOS, whatever follows it"""
     eos = 2
-    ids = torch.tensor([[5, 7, 2, 0, 0], [5, 2, 7, 2, 9], [2, 1, 1, 1, 1]])
+    ids = torch.tensor([[5, 7, 2, 0, 0], [5, 2, 7, 3, 9], [2, 1, 1, 1, 1]])
     want = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]]).float()
     out = lab().response_mask(ids, eos)
     expect(out.shape == want.shape, f"the mask should have the shape of the ids {tuple(want.shape)}, got {tuple(out.shape)}")

@@ -66,7 +66,7 @@ class CountingSGD(torch.optim.SGD):
 
 @graded("ppo_update", 2)
 def test_one_step_per_minibatch_every_row_once_per_epoch():
-    """each epoch visits every row once, in minibatches of minibatch_size, one optimizer step each"""
+    """each epoch visits every row once, in minibatches of minibatch_size, one forward and one optimizer step each (counted in policy/steps)"""
     model, batch = setting()
     seen = []
 
