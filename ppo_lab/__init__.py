@@ -30,7 +30,7 @@ module                 what it holds                                   chapter
 `metrics`              rollout metrics and the health checks           7
 `run_output`           a run's folder: metrics, samples, final policy  7
 `config`               `PPOConfig`, YAML and command line              7
-`plotting`             the training dashboard                          7
+`plotting`             one rollout, drawn; the training dashboard      1, 7
 `reward_model`         Bradley-Terry reward models                     8
 `checkpoint`, `resume` checkpoints and resuming a run exactly          9
 `distributed`          several processes: shard, gather, no_sync       9

@@ -30,23 +30,34 @@ def importance_weights(
         logprobs: (B, T) log-probabilities under the current policy pi_theta.
         old_logprobs: (B, T) log-probabilities under the sampling policy pi_old.
         mask: (B, T) 1 on real response tokens.
-        level: "token" for one ratio per token, "sequence" for the product over each response.
+        level: "token" for one ratio per token, "prefix" for the product of the ratios up to
+            each token (per-decision importance sampling, Precup et al. 2000), "sequence" for
+            the product over each response.
 
     Returns:
         level="token": (B, T) exp(logprobs - old_logprobs) at real tokens, 0 at padding (zeros
         carry no weight, so `effective_sample_size` of the whole tensor counts real tokens only).
+        level="prefix": (B, T) exp(sum_{k <= t} mask_k * (logprobs_k - old_logprobs_k)) at real
+        tokens, 0 at padding: the weight of a reward paid at token t. The first real token's
+        equals its token ratio, the last one's the sequence weight. Naive equivalent:
+        `torch.cumprod(torch.where(mask.bool(), ratio, 1), -1) * mask`.
         level="sequence": (B,) exp(sum_t mask * (logprobs - old_logprobs)). This overflows for
         long, drifted sequences: pass the log-weights to `effective_sample_size(...,
         log_weights=True)` instead when that matters.
+
+    Example: log-ratios [[log 2, log 3, pad]] with mask [[1, 1, 0]]: token [[2, 3, 0]],
+    prefix [[2, 6, 0]], sequence [6].
     """
     check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
     check_tensor("logprobs", logprobs, ndim=2)
     check_float(logprobs=logprobs, old_logprobs=old_logprobs)
     m = check_mask(mask, logprobs, "logprobs")
-    check_choice("importance level", level, ("token", "sequence"))
+    check_choice("importance level", level, ("token", "prefix", "sequence"))
     log_ratio = torch.where(m.bool(), logprobs - old_logprobs, torch.zeros_like(logprobs))
     if level == "token":
         return torch.exp(log_ratio) * m
+    if level == "prefix":  # padding adds 0 to the running sum, so it is skipped, not cut off
+        return torch.exp(torch.cumsum(log_ratio, dim=-1)) * m
     return torch.exp(log_ratio.sum(dim=-1))
 
 

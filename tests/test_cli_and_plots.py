@@ -5,7 +5,10 @@ import sys
 
 import yaml
 
-from ppo_lab.plotting import DASHBOARD, load_metrics, plot_dashboard
+import pytest
+import torch
+
+from ppo_lab.plotting import DASHBOARD, load_metrics, plot_dashboard, rollout_diagram
 
 
 def _run(args, cwd):
@@ -54,3 +57,71 @@ def test_dashboard_draws_every_panel_for_each_run(tmp_path):
     assert all(len(ax.lines) == 2 for ax in axes)
     assert len(axes[4].lines[0].get_xdata()) == 4  # the None is skipped, not plotted as 0
     assert axes[0].get_legend() is not None
+
+
+def _rollout_tensors(B=5, T=7, P=3, n_real=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.arange(T)[None, :] < torch.full((B, 1), n_real)).float()
+    return dict(
+        response_ids=torch.randint(0, 400, (B, T), generator=g), mask=mask, query_ids=torch.zeros(B, P, dtype=torch.long),
+        old_logprobs=-torch.rand(B, T, generator=g) * 4, ref_logprobs=-torch.rand(B, T, generator=g) * 4,
+        values=torch.randn(B, T, generator=g), scores=torch.randn(B, generator=g), rewards=torch.randn(B, T, generator=g),
+        advantages=torch.randn(B, T, generator=g), returns=torch.randn(B, T, generator=g),
+    )
+
+
+def _texts(fig):
+    return {t.get_gid(): t for ax in fig.axes for t in ax.texts if t.get_gid()}
+
+
+@pytest.mark.parametrize("with_critic", [True, False])
+def test_rollout_diagram_labels_each_tensor_with_its_shape_and_its_values(with_critic):
+    import matplotlib.pyplot as plt
+
+    x = _rollout_tensors()
+    if not with_critic:
+        x["values"] = None
+    tokens = ["disappointingly", "slow", "but", "kind", ".", "<eos>", "<pad>"]
+    fig = rollout_diagram(prompt="the service was", tokens=tokens, row=2, kl_coef=0.05, reward_name="a rule", **x)
+    texts = _texts(fig)
+    for name in ["response_ids", "mask", "old_logprobs", "ref_logprobs", "values", "scores", "rewards", "advantages", "returns"]:
+        if x[name] is None:
+            assert f"{name}:label" not in texts and f"{name}:0" not in texts
+            continue
+        assert texts[f"{name}:label"].get_text() == f"{name} {tuple(x[name].shape)}"
+    assert texts["scores:label"].get_text() == "scores (5,)"
+    assert texts["old_logprobs:3"].get_text() == f"{x['old_logprobs'][2, 3].item():+.2f}"  # row 2, position 3
+    assert texts["response_ids:6"].get_text() == str(x["response_ids"][2, 6].item())
+    assert texts["mask:4"].get_text() == "1" and texts["mask:5"].get_text() == "0"
+    assert texts["scores:0"].get_text() == f"{x['scores'][2].item():+.2f}"
+    assert "0.05" in texts["rewards:note"].get_text()
+    # who is trained: the policy and the critic; the reference and the reward are frozen
+    status = {gid.split(":")[0]: t.get_text() for gid, t in texts.items() if gid.endswith(":status")}
+    expected = {"policy": "trained", "reference": "frozen", "reward": "frozen"} | ({"critic": "trained"} if with_critic else {})
+    assert status == expected
+    _assert_no_text_overlaps(fig)
+    assert [texts[f"token:{t}"].get_text() for t in range(7)] == tokens  # the long token whole (the header staggered)
+    plt.close(fig)
+
+
+def _assert_no_text_overlaps(fig):
+    texts = _texts(fig)
+    renderer = fig.canvas.get_renderer()
+    boxes = [(gid, t.get_window_extent(renderer)) for gid, t in texts.items() if t.get_text()]
+    for i, (a, box_a) in enumerate(boxes):
+        for b, box_b in boxes[i + 1 :]:
+            assert not box_a.overlaps(box_b), (a, b)
+
+
+def test_rollout_diagram_fits_the_longest_words_of_the_tiny_model_at_its_longest_response():
+    import matplotlib.pyplot as plt
+
+    x = _rollout_tensors(T=12, n_real=11)
+    words = ["disappointing", "restaurant", "delightful", "fantastic", "beautiful", "excellent", "enjoyable", "brilliant",
+             "disappointing", "restaurant", ".", "<eos>"]
+    fig = rollout_diagram(prompt="the restaurant was", tokens=words, **x)
+    texts = _texts(fig)
+    assert [texts[f"token:{t}"].get_text() for t in range(12)] == words  # every word whole, none cut
+    assert min(texts[f"token:{t}"].get_fontsize() for t in range(12)) >= 7
+    _assert_no_text_overlaps(fig)
+    plt.close(fig)

@@ -27,6 +27,41 @@ def test_weights_match_loops(seed, dtype):
     assert torch.equal(importance_weights(scribble(lp, mask, g), old, mask, "sequence"), seq)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("holes", [False, True])
+def test_prefix_weights_match_loop(seed, dtype, holes):
+    """level="prefix": the running product of the real tokens' ratios, 0 at padding."""
+    g = torch.Generator().manual_seed(seed)
+    lp = (torch.randn(5, 9, generator=g, dtype=torch.float64) * 0.3 - 2).to(dtype)
+    old = (torch.randn(5, 9, generator=g, dtype=torch.float64) * 0.3 - 2).to(dtype)
+    mask = random_mask(5, 9, g, holes=holes)
+    pre = importance_weights(lp, old, mask, "prefix")
+    assert pre.shape == lp.shape and pre.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for b, (l_row, o_row, m_row) in enumerate(zip(ref.rows(lp), ref.rows(old), ref.rows(mask))):
+        product = 1.0
+        for t, (a, o, m) in enumerate(zip(l_row, o_row, m_row)):
+            if m:
+                product *= math.exp(a - o)
+            assert pre[b, t].item() == pytest.approx(product if m else 0.0, rel=tol)
+    # the first real token's weight is its token ratio, the last one's the sequence weight
+    tok = importance_weights(lp, old, mask, "token")
+    seq = importance_weights(lp, old, mask, "sequence")
+    first = mask.argmax(dim=1)
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(dim=1)
+    rows = torch.arange(5)
+    torch.testing.assert_close(pre[rows, first], tok[rows, first])
+    torch.testing.assert_close(pre[rows, last], seq)
+    assert torch.equal(importance_weights(scribble(lp, mask, g), old, mask, "prefix"), pre)
+
+
+def test_prefix_weights_example():
+    lp = torch.tensor([[math.log(2), math.log(3), 5.0]])
+    w = importance_weights(lp, torch.zeros(1, 3), torch.tensor([[1.0, 1.0, 0.0]]), "prefix")
+    torch.testing.assert_close(w, torch.tensor([[2.0, 6.0, 0.0]]))
+
+
 def test_importance_sampling_estimate_is_unbiased():
     """E_old[w f] = E_new[f] for categorical policies, by Monte Carlo."""
     g = torch.Generator().manual_seed(0)

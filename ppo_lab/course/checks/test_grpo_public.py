@@ -22,6 +22,16 @@ def per_token(adv, rewards):
     return adv
 
 
+def expect_broadcast(name):
+    """Expect the estimator `name` to give each response one advantage on all its real tokens, 0 on padding."""
+    rewards, mask = outcome([1.0, 2.0, 0.5, 4.0], [2, 4, 1, 3])
+    adv = per_token(getattr(lab("estimators"), name)(rewards, mask, group_ids=torch.tensor([0, 0, 1, 1]))[0], rewards)
+    expect(bool((adv[mask == 0] == 0).all()), f"padding should hold 0; advantages {adv.tolist()}")
+    for b in range(4):
+        real = adv[b][mask[b] > 0]
+        expect(bool((real == real[0]).all()), f"row {b}: one advantage for the whole response expected, got {real.tolist()}")
+
+
 @graded("rloo_estimator", 2)
 def test_rloo_leaves_one_out():
     """each response's baseline is the mean score of the OTHER responses to its prompt"""
@@ -38,12 +48,7 @@ def test_rloo_leaves_one_out():
 @graded("rloo_estimator", 1)
 def test_rloo_broadcasts_over_real_tokens():
     """each response's advantage is the same on all its real tokens, and 0 on padding"""
-    rewards, mask = outcome([1.0, 2.0, 0.5, 4.0], [2, 4, 1, 3])
-    adv = per_token(lab("estimators").rloo_estimator(rewards, mask, group_ids=torch.tensor([0, 0, 1, 1]))[0], rewards)
-    expect(bool((adv[mask == 0] == 0).all()), f"padding should hold 0; advantages {adv.tolist()}")
-    for b in range(4):
-        real = adv[b][mask[b] > 0]
-        expect(bool((real == real[0]).all()), f"row {b}: one advantage for the whole response expected, got {real.tolist()}")
+    expect_broadcast("rloo_estimator")
 
 
 @graded("grpo_estimator", 2)
