@@ -55,7 +55,7 @@ CASES = [
     ("kl kind", lambda: P.kl_penalty(z, z, "k4"), r"unknown KL estimator 'k4'; valid values are: 'k1', 'k2', 'k3', 'abs'"),
     ("shaping kind", lambda: P.shape_rewards(torch.zeros(2), z, z, one, 0.1, kl_estimator="mse"), r"unknown KL estimator 'mse'"),
     ("agg mode", lambda: P.clipped_policy_loss(z, z, z, one, 0.2, loss_agg="sum"), r"unknown loss aggregation mode 'sum'"),
-    ("is level", lambda: P.importance_weights(z, z, one, "batch"), r"unknown importance level 'batch'; valid values are: 'token', 'sequence'"),
+    ("is level", lambda: P.importance_weights(z, z, one, "batch"), r"unknown importance level 'batch'; valid values are: 'token', 'prefix', 'sequence'"),
     ("estimator", lambda: P.compute_advantages("ppo2", z, one), r"unknown advantage estimator 'ppo2'"),
     # weights
     ("negative weights", lambda: P.effective_sample_size(torch.tensor([1.0, -1.0])), r"`weights` must be non-negative"),
