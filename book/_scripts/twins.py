@@ -13,6 +13,9 @@ hand, which the Colab and Binder buttons open and nbval checks:
                                                        count (PPO_LAB_BOOK_SEED, PPO_LAB_BOOK_THREADS),
                                                        leaving its twin alone
 
+Cells the book hides (tag `remove-cell`: the checks of the chapter's claims, and the numbers the
+text quotes) are folded in the twin (`collapse`), each showing its `#@title` line in Colab.
+
 The twin has one cell more than its source, first: it installs ppo_lab where it is missing (Colab),
 from the repository named in _config.yml, and does nothing where ppo_lab is importable.
 `cache` lets the book build render the nbval-verified outputs instead of executing every chapter
@@ -74,11 +77,25 @@ def install_cell() -> nbformat.NotebookNode:
     return cell
 
 
+def collapse(cell: nbformat.NotebookNode) -> None:
+    """Fold a cell the book hides (its checks, the numbers the text quotes) in Jupyter and Colab.
+
+    The book drops `remove-cell` cells; Jupyter and Colab ignore that tag, so a learner would
+    scroll past pages of checks. JupyterLab and Notebook 7 fold a cell whose
+    `metadata.jupyter.source_hidden` is true; Colab shows a cell with `cellView: form` as the
+    title on its first `#@title` line. Outputs stay visible: a failed check's note is read.
+    """
+    cell.metadata["jupyter"] = {"source_hidden": True}
+    cell.metadata["cellView"] = "form"
+
+
 def twin_from_source(md: Path) -> nbformat.NotebookNode:
     nb = jupytext.read(md)
     for i, cell in enumerate(nb.cells):
         cell.id = f"cell-{i:03d}"  # stable ids: regenerating a twin changes nothing that did not change
         cell.metadata.pop("lines_to_next_cell", None)
+        if "remove-cell" in cell.metadata.get("tags", []):
+            collapse(cell)
     nb.cells.insert(0, install_cell())
     nb.metadata.pop("jupytext", None)
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
