@@ -45,15 +45,19 @@ book: $(STAMP)
 # 1. unit tests (including: every twin matches its source);
 # 2. nbval: each chapter re-executed, its outputs compared with the twin's stored ones (cells
 #    whose outputs depend on float rounding through a model or a training run are tagged
-#    nbval-ignore-output; the hidden assertions check them);
-# 3. every chapter executed once more under another seed, every assertion required to pass, so
+#    nbval-ignore-output; the hidden checks check them);
+# 3. every chapter executed once more under another seed, every check required to pass, so
 #    the claims are shown not to rest on the stored run's draws;
-# 4. a from-scratch build with -W -n, rendering the outputs nbval just verified (their code
-#    cells match the sources, so jupyter-cache serves them and no chapter runs a second time).
+# 4. a from-scratch build with -W -n, rendering the outputs nbval just verified (the cache is
+#    filled with each chapter as the build reads it, so no chapter runs a second time).
+# Tests and chapters run TEST_JOBS at a time (pytest-xdist), each on one thread: a chapter's
+# kernel keeps all its cells on one worker (--dist loadfile), and one thread is what the
+# chapters and the tests set for themselves anyway, so the numbers are those of a serial run.
 OTHER_SEED ?= 1
-NBVAL := -p no:cacheprovider -o addopts="" -o testpaths=""
+TEST_JOBS  ?= 2
+NBVAL := -p no:cacheprovider -o addopts="" -o testpaths="" -n $(TEST_JOBS) --dist loadfile
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile
 	$(PY) -m pytest --nbval $$($(TWINS) list) --nbval-sanitize-with book/_scripts/nbval_sanitize.cfg $(NBVAL)
 	PPO_LAB_BOOK_SEED=$(OTHER_SEED) $(PY) -m pytest --nbval-lax $$($(TWINS) list) $(NBVAL)
 	rm -rf _build/check

@@ -38,6 +38,35 @@ def test_check_notices_an_edited_source(tmp_path, monkeypatch):
     assert twins._cells(twin) != twins._cells(twins.twin_from_source(edited))
 
 
+def test_the_cache_serves_every_chapter_to_the_build(tmp_path):
+    # `make test` builds the book from a jupyter-cache filled with the twins' outputs; a chapter
+    # the cache does not match is executed again by the build (25 minutes more on 2 cores).
+    # The build reads each chapter with MyST-NB's reader and looks it up the way done here.
+    from jupyter_cache import get_cache
+    from myst_nb.core.read import read_myst_markdown_notebook
+
+    out = subprocess.run([sys.executable, str(ROOT / "book/_scripts/twins.py"), "cache", str(tmp_path / "cache")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    store = get_cache(str(tmp_path / "cache"))
+    for md in twins.chapters():
+        nb = read_myst_markdown_notebook(md.read_text(encoding="utf-8"))
+        record = store.match_cache_notebook(nb)  # raises KeyError when nothing matches
+        _, merged = store.merge_match_into_notebook(nb)
+        twin = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
+        stored = [c.outputs for c in twin.cells[1:] if c.cell_type == "code"]
+        assert [c.outputs for c in merged.cells if c.cell_type == "code"] == stored, md.name
+        assert record.uri == str(md)
+
+
+def test_a_twin_out_of_step_is_not_cached(tmp_path):
+    md = twins.chapters()[0]
+    edited = tmp_path / md.name
+    edited.write_text(md.read_text().replace("import ppo_lab", "import ppo_lab  # edited", 1))
+    (tmp_path / md.with_suffix(".ipynb").name).write_bytes(md.with_suffix(".ipynb").read_bytes())
+    with pytest.raises(SystemExit, match="out of date"):
+        twins.cached_notebook(edited)
+
+
 def test_chapters_import_ppo_lab_and_not_a_copy():
     for md in twins.chapters():
         text = md.read_text()

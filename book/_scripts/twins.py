@@ -19,8 +19,8 @@ text quotes) are folded in the twin (`collapse`), each showing its `#@title` lin
 The twin has one cell more than its source, first: it installs ppo_lab where it is missing (Colab),
 from the repository named in _config.yml, and does nothing where ppo_lab is importable.
 `cache` lets the book build render the nbval-verified outputs instead of executing every chapter
-a second time: jupyter-cache matches notebooks by their code cells, so the twin is stored
-without its install cell and then matches its source exactly.
+a second time: jupyter-cache matches notebooks by their code cells (sources and metadata), so
+each chapter is stored as the build reads it, with its twin's outputs (`cached_notebook`).
 """
 
 from __future__ import annotations
@@ -152,15 +152,35 @@ def check() -> int:
     return 1 if stale else 0
 
 
+def cached_notebook(md: Path) -> nbformat.NotebookNode:
+    """The chapter as the book build reads it, carrying its twin's stored outputs.
+
+    jupyter-cache keys a notebook on its code cells' sources and all their metadata, and the
+    twin's cells carry metadata the build's reader does not give them (the folding of `collapse`),
+    so the twin itself would never match: the build reads `md` with MyST-NB's own reader and
+    the outputs are copied over, cell by cell, from the twin whose sources are checked equal.
+    """
+    from myst_nb.core.read import read_myst_markdown_notebook
+
+    nb = read_myst_markdown_notebook(md.read_text(encoding="utf-8"))
+    twin = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
+    stored = [c for c in twin.cells if c.cell_type == "code" and INSTALL_TAG not in c.metadata.get("tags", [])]
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    if [c.source for c in code] != [c.source for c in stored]:
+        raise SystemExit(f"{md.with_suffix('.ipynb').name} is out of date with {md.name} (run `make twins`)")
+    for cell, done in zip(code, stored):
+        cell.outputs = done.outputs
+        cell.execution_count = done.execution_count
+    return nb
+
+
 def cache(directory: str) -> None:
     from jupyter_cache import get_cache
     from jupyter_cache.base import CacheBundleIn
 
     store = get_cache(directory)
     for md in chapters():
-        nb = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
-        nb.cells = [c for c in nb.cells if INSTALL_TAG not in c.metadata.get("tags", [])]
-        store.cache_notebook_bundle(CacheBundleIn(nb, str(md)), check_validity=False, overwrite=True)
+        store.cache_notebook_bundle(CacheBundleIn(cached_notebook(md), str(md)), check_validity=False, overwrite=True)
 
 
 if __name__ == "__main__":
