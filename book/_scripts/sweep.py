@@ -14,7 +14,7 @@ failure cannot hide the rest of the page's checks.
 _toc.yml) under every seed, with one thread unless told otherwise; `make sweep` runs the book's
 seeds so, and three of them once more under `ATEN_CPU_CAPABILITY=default` with 2 threads
 (another instruction set and another reduction order: another machine in miniature). Each run appends one JSON line to FILE; a (page, seed,
-threads, aten) already in FILE for the same version of the page (a hash of its source) is not
+threads, aten) already in FILE for the same version of the page (a hash of its code cells) is not
 run again, so an interrupted sweep resumes and an edited page is run afresh. `table` writes
 the markdown table the README links: every check, the runs it passed, the seeds where it did not.
 
@@ -151,10 +151,11 @@ def _cpu() -> str:
 
 
 def _source(md: Path) -> str:
-    """A short hash of the page's source: records of an edited page are not taken for its runs."""
+    """A short hash of the page's code cells: records of a page whose code changed are not taken
+    for its runs. Only the code runs, so an edit to the prose keeps the page's runs current."""
     import hashlib
 
-    return hashlib.sha256(md.read_bytes()).hexdigest()[:12]
+    return hashlib.sha256("\n\0".join(code_cells(md)).encode()).hexdigest()[:12]
 
 
 def _commit() -> str:
@@ -213,7 +214,11 @@ def sweep(mds: list[Path], seeds: list[int], threads: int, aten: str, jobs: int,
 
 
 def table(files: list[Path]) -> str:
-    """The markdown table of a sweep: per page, each check with the runs it passed."""
+    """The markdown table of a sweep: per page, each check with the runs it passed.
+
+    A check is counted over the runs of the page as it is now (the same code cells); runs of an
+    earlier version of the page are the sweep's history, listed apart: a check that failed there
+    was then weakened, replaced by glued numbers, or removed, and the page's runs began again."""
     records = read(files)
     by_page: dict[str, list[dict]] = {}
     for r in records:
@@ -233,41 +238,66 @@ def table(files: list[Path]) -> str:
         "those of runs that shared the machine (`SWEEP_JOBS=2`: two pages at a time on 2 cores), not of",
         "a page alone.",
         "",
+        "A run counts for a page when it ran the page's code cells as they are now. Runs of an earlier",
+        "version are the sweep's history: the checks that failed there were weakened to what held,",
+        "replaced by numbers glued into the text, or removed (the check's cell says which), and the",
+        "page was swept again; their seeds are listed in the last column.",
+        "",
         f"Book seeds: {', '.join(map(str, seeds))}",
         "",
-        f"Other instruction set and 2 threads: {', '.join(map(str, other)) or 'none yet'}",
+        f"Other instruction set and 2 threads (`*` below): {', '.join(map(str, other)) or 'none yet'}",
         "",
         f"Machine: {'; '.join(machines)}",
         "",
-        "Pages not swept yet: " + (", ".join(md.name for md in pages() if md.name not in by_page) or "none"),
+    ]
+    # where the sweep stands, from the records themselves, so the table never claims more than it holds
+    current = {md.name: [r for r in by_page.get(md.name, []) if r.get("source") == _source(md)] for md in pages()}
+    full = [p for p, rs in current.items() if {r["seed"] for r in rs if r["aten"] == "native"} >= set(seeds)]
+    part = [f"{p} ({len({r['seed'] for r in rs if r['aten'] == 'native'})})" for p, rs in current.items() if p not in full]
+    both = [p for p, rs in current.items() if len({r["seed"] for r in rs if r["aten"] != "native"}) >= 3]
+    clean = [p for p in full if not any(r["error"] or any(c["failed"] for c in r["checks"].values()) for r in current[p])]
+    lines += [
+        f"**Where the sweep stands.** Run under all {len(seeds)} seeds as the page is now: "
+        + (", ".join(full) or "none") + "; of these, every check held on every run in: " + (", ".join(clean) or "none")
+        + ". Fewer seeds (runs of the page as it is now): " + (", ".join(part) or "none")
+        + ". Also run three times under the other instruction set: " + (", ".join(both) or "none") + ".",
         "",
-        "| page | runs | of the page as it is now | seconds per run (min / median / max) | checks | checks that failed a run | runs that stopped |",
+        "| page | runs of the page as it is now (other instruction set) | seconds per run (min / median / max) "
+        "| checks | checks that failed a run now | runs that stopped now | runs of earlier versions |",
         "|---|---|---|---|---|---|---|",
     ]
     detail = []
     for page in sorted(by_page, key=lambda p: order.get(p, 99)):
-        runs = by_page[page]
-        secs = sorted(r["seconds"] for r in runs)
+        source = _source(ROOT / "book" / page)
+        runs = [r for r in by_page[page] if r.get("source") == source]
+        earlier = [r for r in by_page[page] if r.get("source") != source]
         names = check_names(ROOT / "book" / page)
-        recorded = list(dict.fromkeys(n for r in runs for n in r["checks"]))
         failed_any, rows = 0, []
-        for name in names + [n for n in recorded if n not in names]:
-            # the runs that reached the check, and the runs that stopped before it: a page edited
-            # while a sweep ran has records of its older version, which neither count
-            ran = [r for r in runs if name in r["checks"] or r["error"]]
-            if not ran:
-                rows.append(f"| {name} | not swept yet | |")
-                continue
-            bad = [r for r in ran if name not in r["checks"] or r["checks"][name]["failed"]]
+
+        def failures(name: str, rs: list[dict]) -> tuple[list[dict], list[dict]]:
+            # the runs that reached the check or stopped before it, and those where it failed
+            ran = [r for r in rs if name in r["checks"] or r["error"]]
+            return ran, [r for r in ran if name not in r["checks"] or r["checks"][name]["failed"]]
+
+        def seeds_of(rs: list[dict]) -> str:
+            return ", ".join(f"{r['seed']}" + ("" if r["aten"] == "native" else "*") for r in sorted(rs, key=lambda r: r["seed"]))
+
+        gone = list(dict.fromkeys(n for r in earlier for n in r["checks"] if n not in names))
+        for name in names + gone:
+            ran, bad = failures(name, runs)
+            _, old_bad = failures(name, earlier)
             failed_any += bool(bad)
-            where = ", ".join(f"{r['seed']}" + ("" if r["aten"] == "native" else "*") for r in sorted(bad, key=lambda r: r["seed"]))
+            now = f"{len(ran) - len(bad)} / {len(ran)}" if ran else "not swept yet"
             note = "" if name in names else " (no longer in the page)"
-            rows.append(f"| {name}{note} | {len(ran) - len(bad)} / {len(ran)} | {where} |")
+            rows.append(f"| {name}{note} | {now if name in names else ''} | {seeds_of(bad)} | {seeds_of(old_bad)} |")
+        secs = sorted(r["seconds"] for r in runs if r["aten"] == "native")
+        timing = f"{secs[0]:.0f} / {secs[len(secs) // 2]:.0f} / {secs[-1]:.0f}" if secs else ""
         errors = sum(1 for r in runs if r["error"])
-        current = sum(r.get("source") == _source(ROOT / "book" / page) for r in runs)
-        lines.append(f"| {page} | {len(runs)} | {current} | {secs[0]:.0f} / {secs[len(secs) // 2]:.0f} / {secs[-1]:.0f} | "
-                     f"{len(names)} | {failed_any} | {errors} |")
-        detail += ["", f"## {page}", "", "| check | passed | failed on seeds (* = other instruction set, 2 threads) |", "|---|---|---|"] + rows
+        others = sum(1 for r in runs if r["aten"] != "native")
+        lines.append(f"| {page} | {len(runs)} ({others}) | {timing} | {len(names)} | {failed_any} | {errors} | {len(earlier)} |")
+        detail += ["", f"## {page}", "",
+                   "| check | passed (page as it is now) | failed on seeds | failed on seeds, earlier versions |",
+                   "|---|---|---|---|"] + rows
         for r in runs:
             if r["error"]:
                 detail.append(f"\nseed {r['seed']} ({r['aten']}, {r['threads']} threads) stopped: `{r['error']}`")
