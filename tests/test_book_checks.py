@@ -126,7 +126,10 @@ def test_a_chapter_with_a_check_forced_to_fail_runs_to_the_end_for_a_learner(tmp
     script = f"import sys; sys.path.insert(0, {str(ROOT / 'book/_scripts')!r}); import sweep; sweep._execute(sweep.Path({str(md)!r}))"
     lax = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert f"Note: the claim checked by {first} did not hold" in lax.stdout
-    assert json.loads(lax.stdout.strip().splitlines()[-1])["error"] is None, lax.stdout[-2000:]
+    result = json.loads(lax.stdout.strip().splitlines()[-1])
+    assert result["error"] is None, lax.stdout[-2000:]
+    # each code cell's seconds, for the sweep's record of where a page's time goes
+    assert len(result["cells"]) == len(sweep.code_cells(md)) and all(t >= 0 for t in result["cells"])
     rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     ran = {row["name"] for row in rows if "name" in row}
     assert ran == set(sweep.check_names(md)), "a plain run did not reach every check"

@@ -92,7 +92,9 @@ def _execute(md: Path) -> None:
     os.chdir(md.parent)
     namespace: dict = {"__name__": "__main__"}
     error = None
+    cells: list[float] = []  # each code cell's seconds: where a page's time goes
     for i, src in enumerate(code_cells(md)):
+        start = time.perf_counter()
         try:
             exec(compile(src, f"{md.name} cell {i}", "exec"), namespace)
         except BaseException as e:  # noqa: BLE001 - recorded, the page stops as in a kernel
@@ -101,8 +103,9 @@ def _execute(md: Path) -> None:
         finally:
             if "matplotlib.pyplot" in sys.modules:
                 sys.modules["matplotlib.pyplot"].close("all")
+            cells.append(round(time.perf_counter() - start, 2))
     torch = sys.modules.get("torch")
-    sys.__stdout__.write("\n" + json.dumps({"error": error, "torch": getattr(torch, "__version__", "")}) + "\n")
+    sys.__stdout__.write("\n" + json.dumps({"error": error, "torch": getattr(torch, "__version__", ""), "cells": cells}) + "\n")
 
 
 def run(md: Path, seed: int, threads: int = 1, aten: str = "", commit: str = "") -> dict:
@@ -136,7 +139,7 @@ def run(md: Path, seed: int, threads: int = 1, aten: str = "", commit: str = "")
                     c["failed"] += 1
                     c["values"] = c["values"] or row["values"]
     return {"page": md.name, "source": source, "seed": seed, "threads": threads, "aten": aten or "native", "commit": commit,
-            "seconds": round(seconds, 1), "error": error, "checks": checks, "glue": glued,
+            "seconds": round(seconds, 1), "cell_seconds": result.get("cells", []), "error": error, "checks": checks, "glue": glued,
             "machine": f"{_cpu()}, torch {result.get('torch', '?')}, Python {platform.python_version()}"}
 
 
