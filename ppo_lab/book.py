@@ -140,7 +140,9 @@ def band(ax, histories: list[list[dict]], key: str, **style):
 
     ys = torch.tensor([[row.get(key, float("nan")) for row in history] for history in histories], dtype=torch.float64)
     its = [row["iteration"] for row in histories[0]]
-    (line,) = ax.plot(its, ys.median(0).values, "o-", ms=3, **style)
+    # quantile, not Tensor.median: for an even number of runs median() returns the lower middle
+    # value, so with two seeds the "median" line would sit on the band's lower edge.
+    (line,) = ax.plot(its, ys.quantile(0.5, dim=0), "o-", ms=3, **style)
     ax.fill_between(its, ys.min(0).values, ys.max(0).values, color=line.get_color(), alpha=0.2)
     return line
 

@@ -142,6 +142,10 @@ def test_band_draws_median_and_range_and_leaves_gaps_for_missing_metrics():
     ys = list(line.get_ydata())
     assert ys[1:] == [3.0, 4.0] and ys[0] != ys[0]  # medians; nan where a run lacks the metric
     plt.close(fig)
+    fig, ax = plt.subplots()
+    line = band(ax, runs[1:], "m")  # two runs: the median is their midpoint, not the lower one
+    assert list(line.get_ydata()) == [4.0, 5.0, 6.0]
+    plt.close(fig)
 
 
 def test_glossary_is_sorted_and_every_term_has_its_chinese_equivalent():
