@@ -157,7 +157,7 @@ class PPOConfig:
     lora_dropout: float = _f(0.0, "LoRA dropout, in [0, 1): recorded in the saved adapter's config; during PPO it is switched off like every dropout, so the first update step is exactly on-policy.", low=0.0, high=1.0, high_open=True)
     lora_target_modules: str = _f("all-linear", "Modules that get LoRA adapters: all-linear, or a comma-separated list of module names.")
     output_dir: str = _f("runs/ppo", "Where metrics.jsonl, samples.jsonl and the final model are written.", resume="free")
-    overwrite_output_dir: bool = _f(False, "Start over in an output_dir that already holds a run, removing all of the old run: metrics, samples, config, checkpoints and final policy.", resume="free")
+    overwrite_output_dir: bool = _f(False, "Start over in an output_dir that already holds a run, removing the files the old run's run.json lists as its own (metrics, samples, config, checkpoints, final policy) and nothing else; or write a new run beside files that are not a run's (never over a file with a name the run writes).", resume="free")
     log_interval: int = _f(1, "Write metrics every this many iterations.", low=1, resume="free")
     eval_interval: int = _f(20, "Score the eval prompts and write samples every this many iterations (0 = off).", low=0, resume="free")
     eval_prompts: int = _f(16, "How many eval prompts to sample at each evaluation.", low=1, resume="free")

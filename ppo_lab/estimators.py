@@ -37,6 +37,9 @@ What each subtracts and divides by (chapter 10 measures the bias of each on a ba
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -49,6 +52,30 @@ from .shaping import last_real_index
 
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+# The keywords the trainer passes to every estimator; each uses those it needs and ignores the rest.
+COMMON_KEYWORDS = ("values", "group_ids", "scores", "gamma", "lam")
+
+
+def _checked(name: str, fn: AdvantageEstimator) -> AdvantageEstimator:
+    """`fn` as the registry hands it out: a keyword that neither it nor the common interface
+    knows (a misspelt `lamda`, which `**_` would swallow) is an error that names it, and `gamma`
+    and `lam` must lie in [0, 1] even where the estimator does not use them."""
+    own = {p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    known = sorted(own | set(COMMON_KEYWORDS))
+
+    @functools.wraps(fn)
+    def estimator(rewards, mask, **kwargs):
+        for key in kwargs:
+            if key not in known:
+                near = difflib.get_close_matches(key, known, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise TypeError(f"advantage estimator {name!r} got an unknown keyword {key!r}{hint} (it takes {', '.join(known)})")
+        for key in ("gamma", "lam"):
+            if kwargs.get(key) is not None:
+                check_range(key, kwargs[key], 0.0, 1.0)
+        return fn(rewards, mask, **kwargs)
+
+    return estimator
 
 
 def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
@@ -57,7 +84,7 @@ def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], Ad
     def add(fn: AdvantageEstimator) -> AdvantageEstimator:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"an advantage estimator named {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
+        ADVANTAGE_ESTIMATORS[name] = _checked(name, fn)
         return fn
 
     return add

@@ -7,12 +7,17 @@
         checkpoints/      full checkpoints (`checkpoint.py`)
         policy/           the final policy, loadable with `from_pretrained`
         config.yaml       the run's PPOConfig
-        run.json          the run's id (a checkpoint of another run is refused)
+        run.json          the run's id and the names above, the ones this run owns
         ppo_lab/          accelerate's tracker logs (report_to)
 
-Only the main process writes. Nothing of another run is ever appended to or deleted silently:
-a folder that holds a run's results is refused unless `overwrite_output_dir` (then all of the
-old run goes) or `resume_from` (then its logs are cut back to the checkpoint).
+Only the main process writes. A run deletes only what a run of ppo_lab recorded as its own: the
+names listed in the folder's `run.json`, never a file that merely has one of those names.
+- A folder that holds a run's results is refused unless `overwrite_output_dir` (then the old
+  run's own files go, and any other file in the folder stays) or `resume_from` (then its logs
+  are cut back to the checkpoint).
+- A folder with no `run.json` that is not empty holds someone else's files: it is refused unless
+  `overwrite_output_dir` says to write beside them, and refused in any case when one of them has
+  a name the run writes (a `config.yaml` of the user's, say), since the run would replace it.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ import os
 import shutil
 from pathlib import Path
 
-# What a run writes; overwrite_output_dir removes all of it. A folder "holds a run" when it has
-# one of the first four (results); the rest is removed with them.
+# What a run writes (recorded in its run.json as its own); overwrite_output_dir removes these and
+# nothing else. A folder "holds a run" when it has one of the first four (results).
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "policy", "config.yaml", "run.json", "ppo_lab")
 
 
@@ -32,6 +37,7 @@ class RunOutput:
     """The files of one run in `output_dir`, written by the main process of `accelerator`."""
 
     def __init__(self, output_dir: str | Path, accelerator, overwrite: bool = False):
+        self.raw = str(output_dir)  # Path("") is Path("."): an empty name must be caught before
         self.dir = Path(output_dir)
         self.accelerator = accelerator
         self.overwrite = overwrite
@@ -43,15 +49,53 @@ class RunOutput:
 
     def check(self) -> None:
         """A fresh run needs an output_dir it can write that holds no other run (unless
-        overwriting); checked before anything is loaded."""
+        overwriting) and none of someone else's files the run would replace; checked before
+        anything is loaded."""
+        if not self.raw.strip():
+            raise ValueError("output_dir is empty: name a new or empty folder for the run (for example runs/ppo)")
         if self.dir.exists() and not self.dir.is_dir():
             raise ValueError(f"output_dir {str(self.dir)!r} is a file, not a folder")
-        held = [n for n in RUN_FILES[:4] if (self.dir / n).exists()]
+        owned = self.owned()
+        if owned is None:  # no run of ppo_lab here: whatever the folder holds is someone else's
+            others = sorted(p.name for p in self.dir.iterdir() if not p.name.startswith(".write-test-")) if self.dir.is_dir() else []
+            clash = [n for n in others if n in RUN_FILES or n.startswith(("policy.tmp-", "policy.old-"))]
+            if clash:
+                raise ValueError(
+                    f"output_dir {str(self.dir)!r} holds {', '.join(clash)}, not written by a run of ppo_lab "
+                    "(the folder has no run.json); a run would write over them. Choose a new or empty output_dir"
+                )
+            if others and not self.overwrite:
+                shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+                raise ValueError(
+                    f"output_dir {str(self.dir)!r} is not empty and holds no run of ppo_lab ({shown}); choose a "
+                    "new or empty output_dir, or set overwrite_output_dir to write the run beside those files "
+                    "(they are left as they are)"
+                )
+            return self._probe()
+        held = [n for n in RUN_FILES[:4] if n in owned and (self.dir / n).exists()]
         if held and not self.overwrite:
             raise ValueError(
                 f"output_dir {str(self.dir)!r} already holds a run ({held[0]}); choose another "
                 "output_dir, set overwrite_output_dir to replace it, or set resume_from to continue it"
             )
+        self._probe()
+
+    def owned(self) -> list[str] | None:
+        """The names a run of ppo_lab recorded as its own in this folder's run.json; None when the
+        folder holds no run.json. A run.json written before runs listed their files owns RUN_FILES."""
+        path = self.dir / "run.json"
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(path.read_text())
+        except ValueError:
+            raise ValueError(f"{str(path)!r} is not readable JSON; delete it if output_dir holds only this checkpoint's run") from None
+        files = record.get("files", list(RUN_FILES)) if isinstance(record, dict) else None
+        if not isinstance(files, list) or not all(isinstance(n, str) and n in RUN_FILES for n in files):
+            raise ValueError(f"{str(path)!r} does not list a run's files as ppo_lab writes them; move the folder's files elsewhere or choose another output_dir")
+        return files
+
+    def _probe(self) -> None:
         if self.main:
             try:
                 self.dir.mkdir(parents=True, exist_ok=True)
@@ -61,22 +105,31 @@ class RunOutput:
             except OSError as err:
                 raise ValueError(f"output_dir {str(self.dir)!r} cannot be written: {err.strerror or err}") from None
 
-    def prepare(self, *, iteration: int, resumed: bool, config: dict, run_id: str, trackers: bool = False) -> None:
+    def prepare(self, *, iteration: int, resumed: bool, config: dict, run_id: str, trackers: bool = False, logged: list[dict] | None = None) -> None:
         """Claim the folder: a fresh run removes an overwritten run's files; a resumed run keeps
-        its logs up to the checkpoint's `iteration` and drops what came after it."""
+        its logs up to the checkpoint's `iteration` and drops what came after it. `logged` (a
+        resumed run's) are the metrics rows its checkpoint holds: one that metrics.jsonl lacks (a
+        row torn by a kill) is written back, so the log reads 1, 2, 3, ... without a gap."""
         if not resumed:
             self.check()
             self.accelerator.wait_for_everyone()  # every process checked before the main one writes
             if self.main:
-                # Overwriting removes *everything* of the old run: its checkpoints left in place
-                # would be resumed from, or would push the new run's out under keep_checkpoints.
-                for path in [self.dir / n for n in RUN_FILES] + list(self.dir.glob("policy.*-*")):
+                # Overwriting removes everything the old run owned (its checkpoints left in place
+                # would be resumed from, or would push the new run's out under keep_checkpoints),
+                # and nothing else: check() refused a folder where a name the run writes is not its own.
+                owned = self.owned() or []
+                leftovers = list(self.dir.glob("policy.tmp-*")) + list(self.dir.glob("policy.old-*")) if "policy" in owned else []
+                for path in [self.dir / n for n in owned] + leftovers:
                     _remove(path)
         elif self.main:
             for path in [self.dir / n for n in ("metrics.jsonl", "samples.jsonl")]:
-                if path.exists():
-                    rows = [line for line in path.read_text().splitlines() if line.strip()]
-                    path.write_text("".join(row + "\n" for row in rows if iteration_of_row(row) <= iteration))
+                restore = logged if path.name == "metrics.jsonl" else None
+                if path.exists() or restore:
+                    rows = [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+                    rows = [row for row in rows if iteration_of_row(row) <= iteration]
+                    have = {iteration_of_row(row) for row in rows}
+                    rows += [_json_row(m) for m in restore or [] if m.get("iteration", 0) <= iteration and m.get("iteration", 0) not in have]
+                    path.write_text("".join(row + "\n" for row in sorted(rows, key=iteration_of_row)))
         if self.main:
             import yaml
 
@@ -84,7 +137,7 @@ class RunOutput:
 
             self.dir.mkdir(parents=True, exist_ok=True)
             (self.dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-            _write_atomic(self.dir / "run.json", json.dumps({"run_id": run_id}))
+            _write_atomic(self.dir / "run.json", json.dumps({"run_id": run_id, "files": list(RUN_FILES)}))
             remove_partial(self.dir / "checkpoints")
             # a final save that was killed: between its two renames the previous policy is
             # policy.old-*, and it is put back; a half-written policy.tmp-* is removed
@@ -120,7 +173,7 @@ class RunOutput:
             return
         with open(self.dir / name, "a") as fh:
             for row in rows:
-                fh.write(json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}) + "\n")
+                fh.write(_json_row(row) + "\n")
 
     def save_folder(self, folder: str | Path, write) -> Path:
         """Call `write(tmp)` to fill a folder, then move it to `folder` in one rename: a process
@@ -169,6 +222,11 @@ def iteration_of_row(row: str) -> float:
         return json.loads(row).get("iteration", 0)
     except ValueError:
         return math.inf
+
+
+def _json_row(row: dict) -> str:
+    """One JSONL row (nan and inf become null: strict JSON has neither)."""
+    return json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()})
 
 
 def _remove(path: Path) -> None:

@@ -558,7 +558,8 @@ class PPOTrainer:
         cfg = self.config
         total = iterations if iterations is not None else cfg.total_iterations - self.iteration
         if not self.out.ready:
-            self.out.prepare(iteration=self.iteration, resumed=self.resumed_from is not None, config=cfg.to_dict(), run_id=self.run_id, trackers=bool(cfg.report_to))
+            logged = [m for m in self.history if m["iteration"] % cfg.log_interval == 0]  # the rows its checkpoint holds
+            self.out.prepare(iteration=self.iteration, resumed=self.resumed_from is not None, config=cfg.to_dict(), run_id=self.run_id, trackers=bool(cfg.report_to), logged=logged)
         bar = tqdm(range(total), desc="ppo", disable=not cfg.progress_bar or not self.accelerator.is_main_process, dynamic_ncols=True)
         for _ in bar:
             try:

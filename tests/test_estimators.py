@@ -74,14 +74,15 @@ def _group_reference(totals, groups, kind, norm_by_std=True, eps=1e-6):
 def test_group_estimators_match_loops(seed, kind, norm):
     g, rewards, _, mask = _batch(seed, B=9)
     groups = [3, 1, 3, 7, 1, 7, 3, 1, 7]  # uneven order, three groups of three
-    adv, ret = compute_advantages(kind, rewards, mask, group_ids=torch.tensor(groups), norm_by_std=norm)
+    options = {"norm_by_std": norm} if kind == "grpo" else {}   # only GRPO takes the switch
+    adv, ret = compute_advantages(kind, rewards, mask, group_ids=torch.tensor(groups), **options)
     totals = [sum(v for v, m in zip(r, mr) if m) for r, mr in zip(ref.rows(rewards), ref.rows(mask))]
     want = _group_reference(totals, groups, kind, norm)
     for b in range(9):
         for t in range(5):
             assert adv[b, t].item() == pytest.approx(want[b] if mask[b, t] else 0.0, abs=1e-9)
             assert ret[b, t].item() == pytest.approx(totals[b] if mask[b, t] else 0.0, abs=1e-9)
-    dirty = compute_advantages(kind, scribble(rewards, mask, g), mask, group_ids=groups, norm_by_std=norm)
+    dirty = compute_advantages(kind, scribble(rewards, mask, g), mask, group_ids=groups, **options)
     assert torch.equal(dirty[0], adv)
 
 
@@ -117,3 +118,23 @@ def test_custom_estimators_can_be_registered():
             register_advantage_estimator("zero-test")(zero)
     finally:
         del ADVANTAGE_ESTIMATORS["zero-test"]
+
+
+def test_a_misspelt_or_unknown_keyword_is_named_not_swallowed():
+    rewards, mask = torch.randn(4, 3, dtype=torch.float64), torch.ones(4, 3)
+    values = torch.randn(4, 3, dtype=torch.float64)
+    # lamda=0.0 used to return the lam=1 result: every estimator accepts **_ for the common keywords
+    with pytest.raises(TypeError, match=r"estimator 'gae' got an unknown keyword 'lamda'; did you mean 'lam'\?"):
+        compute_advantages("gae", rewards, mask, values=values, lamda=0.0)
+    with pytest.raises(TypeError, match=r"unknown keyword 'gama'; did you mean 'gamma'\?"):
+        compute_advantages("gae", rewards, mask, values=values, gama=0.5)
+    with pytest.raises(TypeError, match=r"estimator 'grpo' got an unknown keyword 'foo' \(it takes eps, gamma, group_ids, lam, norm_by_std, scores, values\)"):
+        compute_advantages("grpo", rewards, mask, group_ids=[0, 0, 1, 1], foo=1)
+    with pytest.raises(ValueError, match=r"`lam` must be in \[0, 1\], got 5.0"):
+        compute_advantages("reinforce", rewards, mask, lam=5.0)
+    with pytest.raises(ValueError, match=r"`gamma` must be in \[0, 1\], got -0.1"):
+        compute_advantages("rloo", rewards, mask, group_ids=[0, 0, 1, 1], gamma=-0.1)
+    # the spelled-out keyword still reaches the estimator: lam=0 is the one-step TD advantage
+    adv, _ = compute_advantages("gae", rewards, mask, values=values, lam=0.0)
+    next_values = torch.cat([values[:, 1:], torch.zeros(4, 1, dtype=torch.float64)], 1)
+    torch.testing.assert_close(adv, rewards + next_values - values)

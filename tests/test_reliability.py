@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import small_config
+import ppo_lab.run_output
 from ppo_lab.trainer import NonFiniteError, PPOTrainer
 
 
@@ -40,7 +41,7 @@ def test_overwriting_a_run_removes_all_of_it_and_a_resume_continues_the_new_run(
     new = PPOTrainer(small_config(tmp_path, total_iterations=2, save_interval=1, overwrite_output_dir=True, seed=5))
     new.train(1)
     assert not (run / "policy").exists() and not (run / "policy.old-123").exists()  # the old run's final policy is gone
-    assert json.loads((run / "run.json").read_text()) == {"run_id": new.run_id}
+    assert json.loads((run / "run.json").read_text()) == {"run_id": new.run_id, "files": list(ppo_lab.run_output.RUN_FILES)}
     new.train()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-000001", "checkpoint-000002"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -98,6 +99,17 @@ def test_a_torn_last_metrics_row_is_dropped_on_resume(tiny_path, tmp_path):
     metrics.write_text(metrics.read_text() + '{"iteration": 2, "reward/sc')  # killed mid-write
     PPOTrainer(small_config(tmp_path, total_iterations=2, resume_from="latest")).train()
     assert [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()] == [1, 2]
+
+
+def test_a_torn_row_of_the_checkpoints_own_iteration_is_written_back_from_the_checkpoint(tiny_path, tmp_path):
+    PPOTrainer(small_config(tmp_path, total_iterations=2, save_interval=1)).train()
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    first, second = metrics.read_text().splitlines()
+    metrics.write_text(first + "\n" + second[:20])  # the row of iteration 2, the newest checkpoint's, torn
+    PPOTrainer(small_config(tmp_path, total_iterations=3, resume_from="latest")).train()
+    rows = metrics.read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in rows] == [1, 2, 3]
+    assert rows[:2] == [first, second]  # written back as it was logged
 
 
 # --- broken weights are never saved as a result ---------------------------------------------
@@ -239,3 +251,61 @@ def test_weights_that_explode_stop_the_run(tiny_path, tmp_path):
     with pytest.raises(NonFiniteError, match=r"iteration 1: the update multiplied the norm of the trained weights by .* they exploded \(learning_rate = 50000 is probably far too large\)"):
         trainer.train()
     assert not (tmp_path / "run" / "policy").exists()
+
+
+# --- a run deletes only what a run wrote ------------------------------------------------
+def _user_folder(folder):
+    """A user's own folder, full of names a run of ppo_lab also writes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.yaml").write_text("# my own settings, with comments\nlearning_rate: 1e-5\n")
+    (folder / "ppo_lab").mkdir()
+    (folder / "ppo_lab" / "__init__.py").write_text("# my source\n")
+    (folder / "metrics.jsonl").write_text('{"iteration": 1, "mine": true}\n')
+    (folder / "notes.txt").write_text("keep me\n")
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_folder_of_look_alike_names_is_refused_and_left_as_it_was(tiny_path, tmp_path):
+    mine = tmp_path / "mine"
+    before = _user_folder(mine)
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=r"holds config.yaml, metrics.jsonl, ppo_lab, not written by a run of ppo_lab .*Choose a new or empty output_dir"):
+            PPOTrainer(small_config(tmp_path, output_dir=str(mine), overwrite_output_dir=overwrite)).train()
+        assert _files(mine) == before
+    # from the command line, in the folder itself: one clear line, exit 2, nothing touched
+    _one_clear_line(_cli(["train", *SMALL, "--total_iterations", "1", "--output_dir", "."], mine), 2, "not written by a run of ppo_lab")
+    _one_clear_line(_cli(["train", *SMALL, "--total_iterations", "1", "--output_dir", ".", "--overwrite_output_dir", "true"], mine), 2, "a run would write over them")
+    assert _files(mine) == before
+    _one_clear_line(_cli(["train", *SMALL, "--output_dir", ""], tmp_path), 2, "output_dir is empty")
+
+
+def test_other_files_stay_beside_a_run_only_when_asked_and_an_overwrite_removes_only_the_old_runs_own(tiny_path, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me\n")
+    with pytest.raises(ValueError, match=r"is not empty and holds no run of ppo_lab \(notes.txt\); .*set overwrite_output_dir to write the run beside those files"):
+        PPOTrainer(small_config(tmp_path, total_iterations=1))
+    first = PPOTrainer(small_config(tmp_path, total_iterations=1, save_interval=1, overwrite_output_dir=True))
+    first.train()
+    assert (folder / "notes.txt").read_text() == "keep me\n"
+    assert json.loads((folder / "run.json").read_text()) == {"run_id": first.run_id, "files": list(ppo_lab.run_output.RUN_FILES)}
+    # a later file of the user's, with a name no run writes, survives an overwrite of the run
+    (folder / "plot.png").write_bytes(b"\x89PNG")
+    second = PPOTrainer(small_config(tmp_path, total_iterations=1, overwrite_output_dir=True, seed=3))
+    second.train()
+    assert (folder / "notes.txt").read_text() == "keep me\n" and (folder / "plot.png").read_bytes() == b"\x89PNG"
+    assert not (folder / "checkpoints").exists()  # the first run's checkpoints went with it
+    assert json.loads((folder / "run.json").read_text())["run_id"] == second.run_id
+
+
+def test_a_run_json_that_does_not_list_a_runs_files_is_not_trusted(tiny_path, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({"run_id": "x", "files": ["../elsewhere"]}))
+    with pytest.raises(ValueError, match=r"run.json' does not list a run's files as ppo_lab writes them"):
+        PPOTrainer(small_config(tmp_path, overwrite_output_dir=True))
+    assert (folder / "run.json").exists()
