@@ -91,12 +91,21 @@ def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, re
         from .tasks import get_task
 
         task = get_task(cfg.task)
+    for name, given in (("train_prompts", train_prompts), ("eval_prompts", eval_prompts)):
+        if isinstance(given, (str, bytes)):  # list("the food was") would train on its characters
+            raise ValueError(f"{name} is one string ({given[:40]!r}); give a list of prompts, e.g. [{given[:40]!r}]")
+    if reward_fn is not None and not callable(reward_fn):
+        raise ValueError(f"reward_fn = {reward_fn!r} is not callable: give a function of (prompts, responses) returning one score per response")
     train = list(train_prompts if train_prompts is not None else task.train_prompts)
     evaluation = list(eval_prompts if eval_prompts is not None else (task.eval_prompts if task else train))
     if not train:
         raise ValueError("the prompt set is empty: give at least one training prompt")
-    if not all(isinstance(p, str) and p for p in train):
-        raise ValueError("every prompt must be a non-empty string")
+    if not evaluation:
+        raise ValueError("eval_prompts is empty: give at least one evaluation prompt, or leave it out to evaluate on the task's (or the training) prompts")
+    for name, prompts in (("training", train), ("evaluation", evaluation)):
+        bad = next((i for i, p in enumerate(prompts) if not (isinstance(p, str) and p)), None)
+        if bad is not None:
+            raise ValueError(f"{name} prompt {bad} is {prompts[bad]!r}: every prompt must be a non-empty string")
     reward_fn = reward_fn or load_reward(cfg.reward, task, cfg.reward_label_index, device, cfg.trust_remote_code)
     name = getattr(reward_fn, "__qualname__", type(reward_fn).__name__)
     module = getattr(reward_fn, "__module__", None)
@@ -106,32 +115,54 @@ def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, re
 
 def read_prompts(path: str, field: str = "prompt") -> list[str]:
     """The prompts in a file: .jsonl or .json (JSON lines, as `datasets`' `to_json` writes), one
-    JSON object per line with the prompt under `field`; any other suffix, one prompt per line.
-    Blank lines are skipped. Errors name the file and line."""
+    JSON object per line with the prompt under `field`, or a .json file holding one JSON array of
+    such objects or of strings; any other suffix, one prompt per line. Blank lines are skipped.
+    Errors name the file and line (or array item)."""
     import json
     from pathlib import Path
 
     file = Path(path)
+    if file.is_dir():
+        raise ValueError(f"prompts file {path!r} is a folder; name a file (.jsonl, .json, or text with one prompt per line)")
     if not file.is_file():
         raise ValueError(f"prompts file {path!r} does not exist")
     try:
-        lines = [line.rstrip("\r") for line in file.read_text(encoding="utf-8-sig").split("\n")]
+        text = file.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"prompts file {path!r} cannot be read as UTF-8 text: {err}") from None
-    prompts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if file.suffix.lower() not in (".jsonl", ".json"):
-            prompts.append(line)
-            continue
+    suffix = file.suffix.lower()
+    if suffix == ".json" and text.lstrip().startswith("["):  # one JSON array, not JSON lines
         try:
-            row = json.loads(line)
+            items = json.loads(text)
         except json.JSONDecodeError as err:
-            raise ValueError(f"prompts file {path!r}, line {number}: not valid JSON ({err.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get(field), str) or not row[field]:
-            keys = ", ".join(map(repr, row)) if isinstance(row, dict) else type(row).__name__
-            raise ValueError(f"prompts file {path!r}, line {number}: no non-empty string under {field!r} (has {keys}); set prompt_field")
+            raise ValueError(f"prompts file {path!r}: not a valid JSON array ({err.msg} at line {err.lineno})") from None
+        rows = [(f"item {i}", item) for i, item in enumerate(items)]
+    else:
+        rows = []
+        for number, line in enumerate(text.split("\n"), 1):
+            line = line.rstrip("\r")
+            if not line.strip():
+                continue
+            if suffix not in (".jsonl", ".json"):
+                rows.append((f"line {number}", line))
+                continue
+            try:
+                rows.append((f"line {number}", json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"prompts file {path!r}, line {number}: not valid JSON ({err.msg})") from None
+    prompts = []
+    for where, row in rows:
+        if isinstance(row, str) and row:
+            prompts.append(row)
+            continue
+        if not isinstance(row, dict):
+            kind = {list: "array", bool: "boolean", int: "number", float: "number", str: "string"}.get(type(row), "null")
+            raise ValueError(f"prompts file {path!r}, {where}: a JSON {kind}, not an object with the prompt under {field!r}")
+        if field not in row:
+            keys = ", ".join(map(repr, row)) or "no keys"
+            raise ValueError(f"prompts file {path!r}, {where}: no {field!r} (has {keys}); set prompt_field to the key that holds the prompt")
+        if not isinstance(row[field], str) or not row[field]:
+            raise ValueError(f"prompts file {path!r}, {where}: {field!r} holds {row[field]!r}, not a non-empty string")
         prompts.append(row[field])
     if not prompts:
         raise ValueError(f"prompts file {path!r} holds no prompt")

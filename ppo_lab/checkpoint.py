@@ -142,8 +142,10 @@ def save_checkpoint(
         # A full disk (torch reports it as a RuntimeError from its C++ writer): the partial
         # folder is removed, so it does not go on filling the disk; older checkpoints stay.
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
-        raise OSError(f"could not write checkpoint {str(final)!r} ({reason}); the previous checkpoints are intact") from err
+        reason = write_failure_reason(err, root)
+        earlier = list_checkpoints(root)
+        kept = f"the earlier checkpoints are intact (the newest: {earlier[0].name})" if earlier else "there is no earlier checkpoint"
+        raise OSError(f"could not write checkpoint {str(final)!r} ({reason}); {kept}") from err
     if final.exists():  # an older checkpoint of the same iteration (a re-run): replace it
         old = root / f"{final.name}.old-{os.getpid()}"
         final.rename(old)
@@ -156,6 +158,19 @@ def save_checkpoint(
         for stale in list_checkpoints(root)[keep:]:
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def write_failure_reason(err: BaseException, folder: Path) -> str:
+    """Why a write failed, in words: torch's C++ writer reports a full disk as "[enforce fail at
+    inline_container.cc:...] unexpected pos", so a disk with (almost) nothing free is named as such."""
+    reason = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return reason
+    if free < 64 * 2**20 and "space" not in reason.lower():
+        return f"no space left on the device: {free / 2**20:.1f} MiB free; the writer said: {reason}"
+    return reason
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
@@ -192,6 +207,8 @@ def verify_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: it has no {MANIFEST} (its write never finished)") from None
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"checkpoint {str(path)!r} has an unreadable {MANIFEST} ({err})") from None
+    if not isinstance(files, dict) or not all(isinstance(m, dict) and {"bytes", "sha256"} <= m.keys() for m in files.values()):
+        raise CheckpointError(f"checkpoint {str(path)!r} has an unreadable {MANIFEST} (every file needs its bytes and sha256)")
     for name, meta in files.items():
         f = path / name
         if not f.is_file():
@@ -283,15 +300,46 @@ def from_json(state: list) -> tuple:
     return tuple(tuple(x) if isinstance(x, list) else x for x in state)
 
 
+def resolve_resume_from(where: str | Path, output_dir: str | Path) -> Path | None:
+    """The folder `resume_from = where` names, None for "latest". An iteration number (`3`) or a
+    checkpoint's name as `ls` shows it (`checkpoint-000003`) is looked up in
+    output_dir/checkpoints; any other value is a path. A folder the user named must exist: a
+    typo is an error, never the previous checkpoint. A saved model (a final `policy/`) is named
+    as one: it holds weights only, not the optimizer and the rest a resume needs."""
+    text = str(where).strip()
+    if text == "latest":
+        return None
+    root = Path(output_dir) / "checkpoints"
+    if text.isdigit():
+        path = root / checkpoint_name(int(text))
+    elif not Path(text).exists() and (root / text).exists():
+        path = root / text
+    else:
+        path = Path(text)
+    if not path.is_dir():
+        have = [p.name for p in list_checkpoints(root)] if root.is_dir() else []
+        listed = f"the checkpoints in {str(root)!r} are: {', '.join(have)}" if have else f"{str(root)!r} holds no checkpoint"
+        raise ValueError(f"resume_from = {text!r}: there is no checkpoint folder {str(path)!r}; {listed} (or use 'latest')")
+    if not (path / MANIFEST).exists() and ((path / "config.json").exists() or (path / "model.safetensors").exists()):
+        raise ValueError(
+            f"resume_from = {text!r}: {str(path)!r} is a saved model, not a checkpoint (it holds the weights only); "
+            f"resume from a folder in {str(root)!r}, or start a new run from the model with policy_model = {str(path)!r}"
+        )
+    return path
+
+
 def find_checkpoint(where: str | Path, output_dir: str | Path) -> Path:
-    """The checkpoint that `resume_from = where` names: "latest" (the newest valid one in
-    output_dir/checkpoints) or a folder. A folder that fails verification is named in a warning
-    and the previous checkpoint beside it is used instead; with none left, ValueError."""
-    if str(where) == "latest":
+    """The checkpoint that `resume_from = where` names (`resolve_resume_from`): "latest" (the
+    newest valid one in output_dir/checkpoints), an iteration, a checkpoint's name or a folder. A
+    folder that fails verification is named in a warning and the previous checkpoint beside it is
+    used instead; with none left, ValueError."""
+    named = resolve_resume_from(where, output_dir)
+    if named is None:
         root = Path(output_dir) / "checkpoints"
         path = latest_checkpoint(root)
     else:
-        root = Path(where).parent
+        where = named
+        root = named.parent
         try:
             verify_checkpoint(where)
             path = Path(where)

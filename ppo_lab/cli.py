@@ -80,10 +80,12 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ppo-lab", description="PPO Lab: Proximal Policy Optimization for language models.")
+    # allow_abbrev=False: a prefix such as --learn would otherwise be "ambiguous" between the two
+    # spellings of one option (--learning_rate, --learning-rate); unknown options get a suggestion.
+    parser = argparse.ArgumentParser(prog="ppo-lab", description="PPO Lab: Proximal Policy Optimization for language models.", allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"ppo-lab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    tr = sub.add_parser("train", help="train a policy with PPO (default: the offline tiny model on the sentiment task)")
+    tr = sub.add_parser("train", help="train a policy with PPO (default: the offline tiny model on the sentiment task)", allow_abbrev=False)
     tr.add_argument("config", nargs="?", help="a YAML file of PPOConfig fields")
     tr.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     tr.add_argument("--traceback", action="store_true", help="on an error, show the full traceback instead of one line (also: PPO_LAB_TRACEBACK=1)")
@@ -91,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 
     PPOConfig.add_arguments(tr)
     sub.add_parser("api", help="list the functions and classes ppo_lab exports")
-    args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else list(argv)))
+    args, unknown = parser.parse_known_args(_join_negative_values(sys.argv[1:] if argv is None else list(argv)))
+    if unknown:
+        (tr if args.command == "train" else parser).error(_unknown_message(unknown, tr if args.command == "train" else parser))
     if args.command == "train":
         return train(args)
     if args.command == "api":
@@ -104,6 +108,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser.print_help()
     return 0
+
+
+# Short names users type for a field, pointed to the field (difflib alone would send --lr to --lr_schedule).
+ALIASES = {"lr": "learning_rate", "epochs": "ppo_epochs", "batch_size": "rollout_batch_size", "beta": "kl_coef", "kl": "kl_coef", "output": "output_dir", "resume": "resume_from"}
+
+
+def _unknown_message(unknown: list[str], parser: argparse.ArgumentParser) -> str:
+    """"unknown option --learn; did you mean --learning_rate?" for the first unknown token."""
+    import difflib
+
+    token = unknown[0]
+    if not token.startswith("-"):
+        return f"unexpected argument {token!r} (options are written --name value)"
+    name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
+    options = sorted({s.lstrip("-").replace("-", "_") for a in parser._actions for s in a.option_strings if s.startswith("--")})
+    guess = ALIASES.get(name) if ALIASES.get(name) in options else None
+    prefixed = [o for o in options if o.startswith(name)]
+    guess = guess or (prefixed[0] if len(prefixed) == 1 else None) or next(iter(difflib.get_close_matches(name, options, n=1)), None)
+    return f"unknown option {token.split('=', 1)[0]}" + (f"; did you mean --{guess}?" if guess else "") + " (ppo-lab train --help lists them)"
 
 
 def _join_negative_values(argv: list[str]) -> list[str]:

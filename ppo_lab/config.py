@@ -35,6 +35,11 @@ from .kl import KL_ESTIMATORS
 from .rollout_correction import CORRECTIONS, LEVELS
 
 
+# Old names of fields, pointed to the new one (difflib would send `kind`, the KL estimator's name in
+# `kl_penalty(..., kind)`, to `kl_in`).
+RENAMED = {"kind": "kl_estimator"}
+
+
 def _f(default, help: str, choices=None, *, low=None, high=None, low_open=False, high_open=False, resume="fixed"):
     """A field with its help text, and the one statement of what it accepts.
 
@@ -147,7 +152,7 @@ class PPOConfig:
     # --- experiments only: other implementations' choices (Appendix A) --------------------
     reproduce: str | None = _f(None, "Reproduce other implementations' choices where they disagree with ppo_lab's (Appendix A; off by default, never for real training): comma-separated from score-past-last, gae-over-padding, whiten-with-padding, temperature-1-in-scoring, dropout-on (see ppo_lab.disagreements).")
     # --- run -----------------------------------------------------------------------------
-    seed: int = _f(0, "Random seed.")
+    seed: int = _f(0, "Random seed (0 to 2**32 - 1, the range NumPy accepts).", low=0, high=2**32 - 1)
     precision: str = _f("fp32", "Mixed precision (bf16/fp16 on GPU; master weights and loss math stay fp32).", ("fp32", "bf16", "fp16"))
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass (policy and critic) to save memory.")
     logprob_chunk_size: int | None = _f(None, "Compute log-probs and entropies this many response tokens at a time: the LM head runs on one chunk of hidden states, and in training is recomputed chunk by chunk in the backward pass, so the float32 (tokens x vocabulary) logits of a whole micro-batch never exist (None = all at once).", low=1)
@@ -208,6 +213,8 @@ class PPOConfig:
             raise ValueError(f"PPOConfig.value_pooling = {self.value_pooling!r} needs critic = 'separate' (got {self.critic!r})")
         if self.value_warmup_iterations and self.critic == "none":
             raise ValueError("PPOConfig.value_warmup_iterations needs a critic to warm up; critic = 'none' has none")
+        if self.overwrite_output_dir and self.resume_from:
+            raise ValueError(f"PPOConfig.overwrite_output_dir starts the run in output_dir over, resume_from = {self.resume_from!r} continues it; set one of them (to resume with a config that has overwrite_output_dir: true, add --overwrite_output_dir false)")
         if self.missing_eos_penalty is not None and self.missing_eos_score is not None:
             raise ValueError("PPOConfig.missing_eos_penalty and missing_eos_score both handle a response with no EOS; set one of them")
         if self.missing_eos_score is not None and not math.isfinite(self.missing_eos_score):
@@ -293,7 +300,11 @@ class PPOConfig:
         if unknown:
             import difflib
 
-            hints = [f"{u!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, names, 1)) else repr(u) for u in unknown]
+            def hint(u):
+                new = RENAMED.get(u) or next(iter(difflib.get_close_matches(u, names, 1)), None)
+                return f"{u!r} ({'renamed to' if u in RENAMED else 'did you mean'} {new!r}{'' if u in RENAMED else '?'})" if new else repr(u)
+
+            hints = [hint(u) for u in unknown]
             raise ValueError(f"unknown PPOConfig field(s): {', '.join(hints)}")
         return cls(**data)
 
@@ -376,8 +387,9 @@ def _convert(name: str, value, hint):
 
 def _check_range(name, v, low, high, low_open, high_open, integer=False, optional=False):
     if integer:
-        if v < low:
-            raise ValueError(f"PPOConfig.{name} = {v!r} must be an integer >= {low}" + (" (or None)" if optional else ""))
+        if v < low or (high is not None and v > high):
+            bound = f">= {low}" if high is None else f"from {low} to {high}"
+            raise ValueError(f"PPOConfig.{name} = {v!r} must be an integer {bound}" + (" (or None)" if optional else ""))
         return
     ok = math.isfinite(v) and (v > low if low_open else v >= low) and (high is None or (v < high if high_open else v <= high))
     if not ok:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import numbers
 from collections.abc import Callable
 
 import torch
@@ -147,7 +148,15 @@ def _groups(group_ids, n: int, device):
     """(index, counts): each response's group index (n,) and the group sizes (G,), checked."""
     if group_ids is None:
         raise ValueError("group estimators need `group_ids`: a (B,) id of each response's prompt")
+    if not isinstance(group_ids, torch.Tensor):
+        ids = list(group_ids)
+        if not all(isinstance(g, numbers.Integral) and not isinstance(g, bool) for g in ids):  # e.g. the prompts' texts
+            kinds = sorted({type(g).__name__ for g in ids})
+            raise ValueError(f"`group_ids` must be integers, one per response ({', '.join(kinds)} given): number the prompts, e.g. with a dict from prompt to index")
+        group_ids = ids
     group_ids = torch.as_tensor(group_ids, device=device)
+    if group_ids.dtype.is_floating_point or group_ids.dtype.is_complex or group_ids.dtype == torch.bool:
+        raise ValueError(f"`group_ids` must be integers, one per response (a {group_ids.dtype} tensor given)")
     if group_ids.shape != (n,):
         raise ValueError(f"`group_ids` has shape {tuple(group_ids.shape)}; expected ({n},), one id per response")
     _, index, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)

@@ -80,6 +80,9 @@ def rollout_metrics(
     }
 
 
+SCORE_LIMIT = 1e18  # float32's largest square root is 1.8e19
+
+
 def rollout_problems(rollout, whiten: bool, reward_name: str) -> list[tuple[str, str, str]]:
     """(phase, metric, detail) for every non-finite quantity of a rollout; ValueError for a bad mask.
 
@@ -91,7 +94,10 @@ def rollout_problems(rollout, whiten: bool, reward_name: str) -> list[tuple[str,
     named = {"rollout/logprobs": rollout.old_logprobs, "rollout/ref_logprobs": rollout.ref_logprobs, "rollout/values": rollout.values}
     named = {k: v for k, v in named.items() if v is not None}
     mask_ok = ((rollout.mask == 0) | (rollout.mask == 1)).all() & real.any(dim=1).all() & (real.sum() >= (2 if whiten else 1))
-    finite = torch.stack([mask_ok, torch.isfinite(rollout.scores).all()] + [(torch.isfinite(v) | ~real).all() for v in named.values()]).tolist()
+    # a finite score past SCORE_LIMIT is unusable too: squared (whitening, the value loss) it
+    # overflows float32, and the run would only report "non-finite gradients" without naming the reward
+    usable = torch.isfinite(rollout.scores) & (rollout.scores.abs() <= SCORE_LIMIT)
+    finite = torch.stack([mask_ok, usable.all()] + [(torch.isfinite(v) | ~real).all() for v in named.values()]).tolist()
     if not finite.pop(0):
         raise ValueError(
             "the rollout's response mask must hold only 0 and 1, with at least one real token in every row "
@@ -99,9 +105,11 @@ def rollout_problems(rollout, whiten: bool, reward_name: str) -> list[tuple[str,
         )
     found = []
     if not finite[0]:
-        bad = ~torch.isfinite(rollout.scores)
+        bad = ~usable
         rows = torch.nonzero(bad).flatten()[:5].tolist()
-        found.append(("reward", "reward/score_mean", f"reward {reward_name} returned {rollout.scores[bad][:5].tolist()} for responses {rows}"))
+        huge = bool(torch.isfinite(rollout.scores[bad]).any())
+        why = f"; scores beyond +-{SCORE_LIMIT:.0e} overflow float32 once squared (whitening and the value loss square them): scale the reward down" if huge else ""
+        found.append(("reward", "reward/score_mean", f"reward {reward_name} returned {rollout.scores[bad][:5].tolist()} for responses {rows}{why}"))
     for name, ok in zip(named, finite[1:]):
         if not ok:
             found.append(("rollout", name, "non-finite on real response tokens"))

@@ -86,6 +86,11 @@ def load_trainer_checkpoint(trainer, where: str | Path) -> Path:
             f"{trainer.config.reference_score_norm!r}: the scores would change scale mid-run; resume with {saved_norm!r}"
         )
     trainer.score_gain, trainer.score_bias = state.get("score_map", (1.0, 0.0))  # reference_score_norm's, fitted once
+    if trainer.config.total_iterations < state["iteration"]:  # it would train nothing and rewrite config.yaml to contradict the log
+        raise ValueError(
+            f"PPOConfig.total_iterations = {trainer.config.total_iterations} is below the iteration of checkpoint {str(path)!r} "
+            f"({state['iteration']}): there is nothing to resume; set total_iterations above {state['iteration']}"
+        )
     trainer.iteration, trainer.bad_updates, trainer.history = state["iteration"], state["bad_updates"], state["history"]
     trainer.prompt_stream.load_state_dict(state["prompts"])
     restore_random_state(tensors["rng"], state)

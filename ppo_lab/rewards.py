@@ -118,6 +118,9 @@ class SequenceClassifierReward:
         self.model = load_pretrained(AutoModelForSequenceClassification, name, "reward model", trust_remote_code=trust_remote_code)
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         disable_dropout(self.model).eval().requires_grad_(False).to(device)
+        labels = int(getattr(self.model.config, "num_labels", 1))
+        if not -labels <= label_index < labels:  # found here, not as an IndexError at the first rollout
+            raise ValueError(f"reward_label_index = {label_index}, but the reward model {name!r} has {labels} label{'s' if labels != 1 else ''} (valid: {-labels} to {labels - 1})")
         self.label_index, self.device, self.batch_size = label_index, device, batch_size
         self.gain = float(getattr(self.model.config, "reward_gain", 1.0))
         self.bias = float(getattr(self.model.config, "reward_bias", 0.0))

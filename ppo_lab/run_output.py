@@ -188,8 +188,9 @@ class RunOutput:
                 write(tmp)
             except (OSError, RuntimeError, SafetensorError) as err:  # a full disk, a permission
                 shutil.rmtree(tmp, ignore_errors=True)
-                reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
-                raise OSError(f"could not save the policy to {str(folder)!r} ({reason}); nothing was written there") from err
+                from .checkpoint import write_failure_reason
+
+                raise OSError(f"could not save the policy to {str(folder)!r} ({write_failure_reason(err, folder.parent)}); nothing was written there") from err
             if folder.exists():
                 old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
                 folder.rename(old)

@@ -95,6 +95,8 @@ class PPOTrainer:
         self.out = RunOutput(cfg.output_dir, self.accelerator, cfg.overwrite_output_dir)
         if not cfg.resume_from:
             self.out.check()  # before minutes of loading, not after
+        else:
+            ckpt.resolve_resume_from(cfg.resume_from, cfg.output_dir)  # a mistyped checkpoint, likewise
 
         task = build_task(cfg, self.device, train_prompts, eval_prompts, reward_fn)
         self.task = task.builtin  # the built-in task (ppo_lab.tasks), None when prompts and reward were given

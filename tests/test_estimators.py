@@ -138,3 +138,15 @@ def test_a_misspelt_or_unknown_keyword_is_named_not_swallowed():
     adv, _ = compute_advantages("gae", rewards, mask, values=values, lam=0.0)
     next_values = torch.cat([values[:, 1:], torch.zeros(4, 1, dtype=torch.float64)], 1)
     torch.testing.assert_close(adv, rewards + next_values - values)
+
+
+def test_group_ids_that_are_not_integers_are_named():
+    rewards, mask = torch.randn(4, 2, dtype=torch.float64), torch.ones(4, 2)
+    with pytest.raises(ValueError, match=r"`group_ids` must be integers, one per response \(str given\): number the prompts"):
+        compute_advantages("grpo", rewards, mask, group_ids=["a", "a", "b", "b"])
+    with pytest.raises(ValueError, match=r"`group_ids` must be integers, one per response \(a torch.float32 tensor given\)"):
+        compute_advantages("rloo", rewards, mask, group_ids=torch.tensor([0.0, 0.0, 1.0, 1.0]))
+    import numpy as np
+
+    adv, _ = compute_advantages("rloo", rewards, mask, group_ids=np.array([0, 0, 1, 1]))   # numpy integers are integers
+    torch.testing.assert_close(adv, compute_advantages("rloo", rewards, mask, group_ids=[0, 0, 1, 1])[0])

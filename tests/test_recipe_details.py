@@ -365,14 +365,14 @@ def test_prompts_from_files(tiny_path, tmp_path):
     (tmp_path / "p.jsonl").write_text(json.dumps({"query": "the story is", "id": 1}) + "\n")
     assert read_prompts(str(tmp_path / "p.txt")) == ["the movie was", "this food is"]
     assert read_prompts(str(tmp_path / "p.jsonl"), "query") == ["the story is"]
-    with pytest.raises(ValueError, match=r"line 1: no non-empty string under 'prompt' \(has 'query', 'id'\)"):
+    with pytest.raises(ValueError, match=r"line 1: no 'prompt' \(has 'query', 'id'\); set prompt_field"):
         read_prompts(str(tmp_path / "p.jsonl"))
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{oops\n')
     with pytest.raises(ValueError, match=r"line 2: not valid JSON"):
         read_prompts(str(tmp_path / "bad.jsonl"))
     with pytest.raises(ValueError, match=r"prompts file '/no/such.txt' does not exist"):
         read_prompts("/no/such.txt")
-    with pytest.raises(ValueError, match=r"p.jsonl', line 1: no non-empty string under 'prompt'"):
+    with pytest.raises(ValueError, match=r"p.jsonl', line 1: no 'prompt' \(has"):
         PPOTrainer(small_config(tmp_path, prompts_file=str(tmp_path / "p.txt"), eval_prompts_file=str(tmp_path / "p.jsonl")))
     # the .txt file is read line by line; prompt_field only matters for the .jsonl one
     files = dict(prompts_file=str(tmp_path / "p.txt"), eval_prompts_file=str(tmp_path / "p.jsonl"), prompt_field="query")

@@ -203,9 +203,23 @@ def test_a_full_disk_while_checkpointing_leaves_no_partial_folder(tiny_path, tmp
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("safetensors.torch.save_file", full)
-    with pytest.raises(OSError, match=r"could not write checkpoint '.*checkpoint-000002' \(No space left on device\); the previous checkpoints are intact"):
+    with pytest.raises(OSError, match=r"could not write checkpoint '.*checkpoint-000002' \(No space left on device\); the earlier checkpoints are intact \(the newest: checkpoint-000001\)"):
         trainer.train(1)
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["checkpoint-000001"]
+
+
+def test_a_full_disk_that_torch_reports_as_an_unexpected_pos_is_named_and_no_earlier_checkpoint_is_claimed(tiny_path, tmp_path, monkeypatch):
+    import collections
+
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, save_interval=1))
+
+    def torch_full(*args, **kwargs):  # what torch.save's C++ writer raises on a full disk
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4416 vs 4310")
+
+    monkeypatch.setattr("torch.save", torch_full)
+    monkeypatch.setattr("shutil.disk_usage", lambda path: collections.namedtuple("usage", "total used free")(10**9, 10**9, 0))
+    with pytest.raises(OSError, match=r"checkpoint-000001' \(no space left on the device: 0.0 MiB free; the writer said: \[enforce fail .*unexpected pos .*\); there is no earlier checkpoint"):
+        trainer.train(1)
 
 
 def test_the_final_policy_is_saved_atomically(tiny_path, tmp_path, monkeypatch):
@@ -309,3 +323,119 @@ def test_a_run_json_that_does_not_list_a_runs_files_is_not_trusted(tiny_path, tm
     with pytest.raises(ValueError, match=r"run.json' does not list a run's files as ppo_lab writes them"):
         PPOTrainer(small_config(tmp_path, overwrite_output_dir=True))
     assert (folder / "run.json").exists()
+
+
+# --- resume_from: a number, a name as ls shows it, a path that must exist -------------------
+def test_resume_from_takes_an_iteration_or_a_checkpoint_name_and_a_named_path_must_exist(tiny_path, tmp_path, monkeypatch):
+    PPOTrainer(small_config(tmp_path, total_iterations=3, save_interval=1)).train()
+    monkeypatch.chdir(tmp_path)  # "3" and "checkpoint-000002" are not folders here: they are looked up in output_dir
+    for where, iteration in (("2", 2), ("checkpoint-000002", 2), ("3", 3)):
+        assert PPOTrainer(small_config(tmp_path, total_iterations=3, resume_from=where)).iteration == iteration
+    ckpts = str(tmp_path / "run" / "checkpoints")
+    # a mistyped folder is an error that lists what there is, never the previous checkpoint
+    with pytest.raises(ValueError, match=rf"resume_from = 'checkpoint-00003': there is no checkpoint folder 'checkpoint-00003'; the checkpoints in '{ckpts}' are: checkpoint-000003, checkpoint-000002"):
+        PPOTrainer(small_config(tmp_path, total_iterations=4, resume_from="checkpoint-00003"))
+    with pytest.raises(ValueError, match=r"resume_from = '7': there is no checkpoint folder '.*checkpoint-000007'"):
+        PPOTrainer(small_config(tmp_path, total_iterations=9, resume_from="7"))
+    # the final policy is a saved model, not a checkpoint (it used to be called "incomplete")
+    with pytest.raises(ValueError, match=r"'.*run/policy' is a saved model, not a checkpoint .*policy_model = "):
+        PPOTrainer(small_config(tmp_path, total_iterations=4, resume_from=str(tmp_path / "run" / "policy")))
+
+
+def test_a_manifest_entry_without_its_checksum_is_a_corrupt_checkpoint_and_the_previous_one_is_used(tiny_path, tmp_path):
+    from ppo_lab import checkpoint as ckpt
+
+    PPOTrainer(small_config(tmp_path, total_iterations=2, save_interval=1)).train()
+    newest = tmp_path / "run" / "checkpoints" / "checkpoint-000002"
+    manifest = json.loads((newest / "manifest.json").read_text())
+    del next(iter(manifest["files"].values()))["sha256"]
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ckpt.CheckpointError, match=r"unreadable manifest.json \(every file needs its bytes and sha256\)"):
+        ckpt.verify_checkpoint(newest)
+    with pytest.warns(UserWarning, match=r"checkpoint-000002' has an unreadable manifest.json"):
+        assert PPOTrainer(small_config(tmp_path, total_iterations=2, resume_from="latest")).iteration == 1
+
+
+def test_a_seed_outside_numpys_range_is_named_by_the_config():
+    from ppo_lab.config import PPOConfig
+
+    for bad in (-1, 2**32):
+        with pytest.raises(ValueError, match=rf"PPOConfig.seed = {bad}"):
+            PPOConfig(seed=bad)
+    assert PPOConfig(seed=2**32 - 1).seed == 2**32 - 1
+
+
+def test_prompts_given_as_one_string_an_empty_evaluation_set_and_a_reward_that_is_not_a_function_are_named(tiny_path, tmp_path):
+    with pytest.raises(ValueError, match=r"train_prompts is one string \('the food was'\); give a list of prompts"):
+        PPOTrainer(small_config(tmp_path), train_prompts="the food was", reward_fn=lambda p, r: [0.0] * len(r))
+    with pytest.raises(ValueError, match=r"eval_prompts is empty: give at least one evaluation prompt"):
+        PPOTrainer(small_config(tmp_path), eval_prompts=[])
+    with pytest.raises(ValueError, match=r"reward_fn = 42 is not callable"):
+        PPOTrainer(small_config(tmp_path), reward_fn=42)
+    with pytest.raises(ValueError, match=r"evaluation prompt 1 is None: every prompt must be a non-empty string"):
+        PPOTrainer(small_config(tmp_path), eval_prompts=["fine", None])
+
+
+def test_a_label_index_the_reward_model_lacks_is_named_when_it_loads(tiny_path, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from ppo_lab.rewards import SequenceClassifierReward
+
+    AutoModelForSequenceClassification.from_pretrained(str(tiny_path), num_labels=2).save_pretrained(tmp_path / "rm2")
+    AutoTokenizer.from_pretrained(str(tiny_path)).save_pretrained(tmp_path / "rm2")
+    for bad in (7, -3):  # used to be an IndexError at the first rollout
+        with pytest.raises(ValueError, match=rf"reward_label_index = {bad}, but the reward model '.*rm2' has 2 labels \(valid: -2 to 1\)"):
+            SequenceClassifierReward(str(tmp_path / "rm2"), label_index=bad)
+    assert SequenceClassifierReward(str(tmp_path / "rm2"), label_index=-2).label_index == -2
+
+
+def test_a_short_or_mistyped_flag_points_to_the_field(tmp_path):
+    for flag, want in (("--learn", "--learning_rate"), ("--lr", "--learning_rate"), ("--learning-rat", "--learning_rate"), ("--kl_coeff", "--kl_coef")):
+        out = _cli(["train", flag, "1e-4"], tmp_path)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert f"error: unknown option {flag}; did you mean {want}?" in out.stderr, out.stderr[-2000:]
+
+
+def test_an_old_field_name_points_to_its_new_one():
+    from ppo_lab.config import PPOConfig
+
+    with pytest.raises(ValueError, match=r"unknown PPOConfig field\(s\): 'kind' \(renamed to 'kl_estimator'\), 'lamda' \(did you mean 'lam'\?\)"):
+        PPOConfig.from_dict({"kind": "k3", "lamda": 0.9})
+
+
+def test_a_prompts_file_of_the_wrong_shape_says_what_is_wrong_with_it(tmp_path):
+    from ppo_lab.build import read_prompts
+
+    (tmp_path / "n.jsonl").write_text('{"prompt": 5}\n')
+    with pytest.raises(ValueError, match=r"n.jsonl', line 1: 'prompt' holds 5, not a non-empty string"):
+        read_prompts(str(tmp_path / "n.jsonl"))
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ValueError, match=r"prompts file '.*folder' is a folder; name a file"):
+        read_prompts(str(tmp_path / "folder"))
+    # a .json file holding one JSON array (of strings or of objects) is read as such
+    (tmp_path / "a.json").write_text(json.dumps(["the food was", "this movie is"], indent=1))
+    assert read_prompts(str(tmp_path / "a.json")) == ["the food was", "this movie is"]
+    (tmp_path / "o.json").write_text(json.dumps([{"text": "the food was"}, {"text": "it was"}]))
+    assert read_prompts(str(tmp_path / "o.json"), "text") == ["the food was", "it was"]
+    (tmp_path / "m.json").write_text(json.dumps([{"text": "x"}, 3]))
+    with pytest.raises(ValueError, match=r"m.json', item 1: a JSON number, not an object with the prompt under 'text'"):
+        read_prompts(str(tmp_path / "m.json"), "text")
+
+
+def test_contradictory_resume_settings_are_named(tiny_path, tmp_path):
+    from ppo_lab.config import PPOConfig
+
+    with pytest.raises(ValueError, match=r"overwrite_output_dir starts the run in output_dir over, resume_from = 'latest' continues it; set one of them"):
+        PPOConfig(overwrite_output_dir=True, resume_from="latest")
+    PPOTrainer(small_config(tmp_path, total_iterations=3, save_interval=1)).train()
+    before = (tmp_path / "run" / "config.yaml").read_text()
+    with pytest.raises(ValueError, match=r"total_iterations = 2 is below the iteration of checkpoint '.*checkpoint-000003' \(3\): there is nothing to resume"):
+        PPOTrainer(small_config(tmp_path, total_iterations=2, resume_from="latest"))
+    assert (tmp_path / "run" / "config.yaml").read_text() == before
+
+
+def test_a_finite_but_enormous_reward_is_named_not_reported_as_non_finite_gradients(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, max_bad_updates=2), reward_fn=lambda prompts, responses: [1e30] * len(responses))
+    with pytest.warns(RuntimeWarning, match=r"reward .* returned \[1\.0\d*e\+30, .*\]; scores beyond \+-1e\+18 overflow float32 once squared .* scale the reward down"):
+        with pytest.raises(NonFiniteError, match=r"max_bad_updates = 2 reached"):
+            trainer.train()
