@@ -208,7 +208,8 @@ class Roles:
 def build_roles(cfg: PPOConfig, task: TaskSetup, device, policy=None, tokenizer=None) -> Roles:
     """Tokenizer, policy, reference and critic; dropout off everywhere, so that the first update
     step is exactly on-policy (ratio 1)."""
-    tokenizer = tokenizer or load_tokenizer(cfg.tokenizer or cfg.policy_model, cfg.trust_remote_code)
+    role = "tokenizer (PPOConfig.tokenizer)" if cfg.tokenizer else "tokenizer of PPOConfig.policy_model"
+    tokenizer = tokenizer or load_tokenizer(cfg.tokenizer or cfg.policy_model, cfg.trust_remote_code, role)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -30,9 +30,27 @@ def _print_samples(title: str, samples: list[dict]) -> None:
         print(f"  {s['score']:+.2f}  {s['prompt']} | {s['response']}")
 
 
+def _one_line_warnings() -> None:
+    """The run's own warnings as one line each, `ppo-lab: warning: ...`, like its errors (Python's
+    format adds the file, line and source of the warning call, which tell a user nothing); other
+    libraries' warnings keep that format, which names where they come from."""
+    import warnings
+
+    plain, here = warnings.formatwarning, os.path.dirname(os.path.abspath(__file__))
+
+    def one_line(message, category, filename, lineno, line=None):
+        if os.path.abspath(filename).startswith(here + os.sep):
+            return f"ppo-lab: warning: {message}\n"
+        return plain(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line
+
+
 def train(args: argparse.Namespace) -> int:
     from .trainer import NonFiniteError
 
+    if not _traceback_wanted(args):
+        _one_line_warnings()
     try:
         return _train(args)
     except ValueError as err:  # bad input: config, YAML, models, reward, output folder, checkpoints
@@ -41,8 +59,12 @@ def train(args: argparse.Namespace) -> int:
         return _error(err, 1, args)
 
 
+def _traceback_wanted(args: argparse.Namespace) -> bool:
+    return args.traceback or os.environ.get("PPO_LAB_TRACEBACK", "0").lower() not in ("0", "", "false", "no", "off")
+
+
 def _error(err: BaseException, code: int, args: argparse.Namespace) -> int:
-    if args.traceback or os.environ.get("PPO_LAB_TRACEBACK", "0").lower() not in ("0", "", "false", "no", "off"):
+    if _traceback_wanted(args):
         raise err
     message = re.sub(r"^\[Errno \d+\] ", "", str(err).strip()) or type(err).__name__
     print(f"ppo-lab: error: {message}", file=sys.stderr)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -204,6 +205,13 @@ class PPOConfig:
         if self.policy_loss not in POLICY_LOSSES:
             raise ValueError(f"PPOConfig.policy_loss = {self.policy_loss!r} is not allowed; valid values are: {', '.join(map(repr, sorted(POLICY_LOSSES)))}")
 
+        if self.report_to:
+            from accelerate.utils import LoggerType  # the trackers accelerate can log to
+
+            known = [t.value for t in LoggerType]
+            unknown = [t.strip() for t in self.report_to.split(",") if t.strip() not in known]
+            if unknown:
+                raise ValueError(f"PPOConfig.report_to = {self.report_to!r}: {unknown[0]!r} is not a tracker accelerate knows; valid values are: {', '.join(known)} (comma-separated)")
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
             valid = ", ".join(map(repr, sorted(ADVANTAGE_ESTIMATORS)))
             raise ValueError(f"PPOConfig.advantage_estimator = {self.advantage_estimator!r} is not allowed; valid values are: {valid}")
@@ -295,17 +303,9 @@ class PPOConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> PPOConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = _unknown_fields(data)
         if unknown:
-            import difflib
-
-            def hint(u):
-                new = RENAMED.get(u) or next(iter(difflib.get_close_matches(u, names, 1)), None)
-                return f"{u!r} ({'renamed to' if u in RENAMED else 'did you mean'} {new!r}{'' if u in RENAMED else '?'})" if new else repr(u)
-
-            hints = [hint(u) for u in unknown]
-            raise ValueError(f"unknown PPOConfig field(s): {', '.join(hints)}")
+            raise ValueError(unknown)
         return cls(**data)
 
     def to_dict(self) -> dict:
@@ -325,7 +325,8 @@ class PPOConfig:
             if "choices" in f.metadata:
                 kwargs["choices"] = f.metadata["choices"]
                 kwargs.pop("metavar")
-            parser.add_argument(f"--{f.name}", f"--{f.name.replace('_', '-')}", dest=f.name, type=str, **kwargs)
+            spellings = dict.fromkeys([f"--{f.name}", f"--{f.name.replace('_', '-')}"])  # one flag when the name has no '_'
+            parser.add_argument(*spellings, dest=f.name, type=str, **kwargs)
 
     @classmethod
     def from_args(cls, config_path: str | None, args: argparse.Namespace) -> PPOConfig:
@@ -397,3 +398,37 @@ def _check_range(name, v, low, high, low_open, high_open, integer=False, optiona
         hi = "inf)" if high is None else f"{high:g}" + (")" if high_open else "]")
         off = " (None switches it off)" if optional else ""
         raise ValueError(f"PPOConfig.{name} = {v!r} must be a finite number in {lo}{low:g}, {hi}{off}")
+
+
+def _unknown_fields(data) -> str | None:
+    """"unknown PPOConfig field(s): 'lamda' (did you mean 'lam'?)" for the names in `data` that
+    are not fields (a renamed field points to its new name), or None when all are fields."""
+    import difflib
+
+    names = {f.name for f in dataclasses.fields(PPOConfig)}
+    unknown = sorted(set(data) - names)
+    if not unknown:
+        return None
+
+    def hint(u):
+        new = RENAMED.get(u) or next(iter(difflib.get_close_matches(u, names, 1)), None)
+        return f"{u!r} ({'renamed to' if u in RENAMED else 'did you mean'} {new!r}{'' if u in RENAMED else '?'})" if new else repr(u)
+
+    return f"unknown PPOConfig field(s): {', '.join(hint(u) for u in unknown)}"
+
+
+def _init_naming_unknown_fields(init):
+    """Wrap the dataclass's __init__ so that PPOConfig(learnig_rate=1e-4) names the near miss
+    (Python's own TypeError says only "unexpected keyword argument")."""
+
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs):
+        unknown = _unknown_fields(kwargs)
+        if unknown:
+            raise TypeError(unknown)
+        init(self, *args, **kwargs)
+
+    return checked
+
+
+PPOConfig.__init__ = _init_naming_unknown_fields(PPOConfig.__init__)

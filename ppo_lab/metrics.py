@@ -84,7 +84,8 @@ SCORE_LIMIT = 1e18  # float32's largest square root is 1.8e19
 
 
 def rollout_problems(rollout, whiten: bool, reward_name: str) -> list[tuple[str, str, str]]:
-    """(phase, metric, detail) for every non-finite quantity of a rollout; ValueError for a bad mask.
+    """(problem, metric, detail) for every non-finite or unusable quantity of a rollout (problem:
+    "non-finite reward", "unusable reward" or "non-finite rollout"); ValueError for a bad mask.
 
     One read-back for the whole batch: is the mask 0/1 with a real token in every row, and is
     each quantity finite on real tokens? The advantages and the update then run without
@@ -109,10 +110,11 @@ def rollout_problems(rollout, whiten: bool, reward_name: str) -> list[tuple[str,
         rows = torch.nonzero(bad).flatten()[:5].tolist()
         huge = bool(torch.isfinite(rollout.scores[bad]).any())
         why = f"; scores beyond +-{SCORE_LIMIT:.0e} overflow float32 once squared (whitening and the value loss square them): scale the reward down" if huge else ""
-        found.append(("reward", "reward/score_mean", f"reward {reward_name} returned {rollout.scores[bad][:5].tolist()} for responses {rows}{why}"))
+        kind = "non-finite reward" if not torch.isfinite(rollout.scores[bad]).all() else "unusable reward"
+        found.append((kind, "reward/score_mean", f"reward {reward_name} returned {rollout.scores[bad][:5].tolist()} for responses {rows}{why}"))
     for name, ok in zip(named, finite[1:]):
         if not ok:
-            found.append(("rollout", name, "non-finite on real response tokens"))
+            found.append(("non-finite rollout", name, "non-finite on real response tokens"))
     return found
 
 
@@ -129,6 +131,63 @@ def weights_problem(before: float, after: float) -> str | None:
     if before > 0 and after > WEIGHT_GROWTH_LIMIT * before:
         return f"the update multiplied the norm of the trained weights by {after / before:.3g} (from {before:.4g} to {after:.4g}): they exploded"
     return None
+
+
+# A policy has collapsed when it has stopped sampling anything: the mean entropy of its sampled
+# tokens near 0, or every response a lone stop token (the shortest way out of an episode, where a
+# wrecked policy tends to land). The weight-norm guard above sees neither: the norm barely moves.
+# The floor sits below every healthy run explored for the book (temperature 1): entropies under
+# 0.005 nats per token came only from chapter 6's sixteen unclipped epochs per batch (0.0028 at
+# the lowest), by then answering every prompt with a lone stop token, which the second signature
+# names. A learning rate of 0.3 drives the entropy below 1e-4 within six iterations.
+ENTROPY_FLOOR = 1e-3
+
+
+def collapse_problem(stats: dict[str, float]) -> str | None:
+    """What says that an iteration's rollout came from a collapsed policy, or None; `stats` are
+    its `rollout_metrics`, read back to floats."""
+    if stats["response/length_mean"] <= 1 and stats["reward/eos_fraction"] == 1:
+        return "every response is a lone stop token (response/length_mean = 1, reward/eos_fraction = 1)"
+    if stats["objective/entropy"] < ENTROPY_FLOOR:
+        return (f"objective/entropy = {stats['objective/entropy']:.2g} nats per token, below {ENTROPY_FLOOR:g}: "
+                "the policy samples nearly every token with probability 1")
+    return None
+
+
+class CollapseWatch:
+    """Names a collapse of the policy when it begins (`observe`, after every iteration) and every
+    time a collapsed policy is saved (`saving`), so that no checkpoint or final policy passes
+    for a good one without a warning. Training goes on: the run is the user's to stop."""
+
+    def __init__(self):
+        self.since: tuple[int, str, object] | None = None  # (iteration, what, newest checkpoint before it)
+
+    def observe(self, iteration: int, stats: dict[str, float], learning_rate: float, newest_checkpoint) -> str | None:
+        """The warning for a collapse that begins at `iteration`, else None. `newest_checkpoint()`
+        gives the run's newest checkpoint (or None); it is called only when a collapse begins."""
+        what = collapse_problem(stats)
+        if what is None:
+            self.since = None
+            return None
+        if self.since is not None:
+            return None  # warned at its onset; saves warn while it lasts
+        self.since = (iteration, what, newest_checkpoint())
+        return (
+            f"iteration {iteration}: the policy has collapsed: {what} (objective/kl = {stats['objective/kl']:.3g} nats "
+            f"from the reference). A learning rate far too large (learning_rate = {learning_rate:g}) or too many epochs on "
+            f"one batch usually does this. Training goes on, but what is saved from here on is the collapsed policy; {self._before()}"
+        )
+
+    def saving(self, iteration: int, what: str) -> str | None:
+        """The warning for saving `what` (a checkpoint or the final policy) at `iteration` while the
+        policy is collapsed, else None."""
+        if self.since is None:
+            return None
+        return f"{what} at iteration {iteration} holds a collapsed policy (since iteration {self.since[0]}: {self.since[1]}); {self._before()}"
+
+    def _before(self) -> str:
+        earlier = self.since[2]
+        return f"the newest checkpoint from before the collapse is {str(earlier)!r}" if earlier else "no checkpoint was written before it"
 
 
 def mean_metrics(collected: dict[str, list[torch.Tensor]], reduce=lambda t: t) -> dict[str, float]:
@@ -150,8 +209,8 @@ def health_message(iteration: int, broken: str | None, skipped: list, bad_update
         return f"iteration {iteration}: {broken} (learning_rate = {config.learning_rate:g} is probably far too large). Stopping; the final policy is not saved{where}", True
     if not skipped:
         return None, False
-    phase, metric, detail = skipped[0]
-    message = f"iteration {iteration}: update skipped ({bad_updates} of at most {config.max_bad_updates}): non-finite {phase} ({metric}: {detail})"
+    problem, metric, detail = skipped[0]
+    message = f"iteration {iteration}: update skipped ({bad_updates} of at most {config.max_bad_updates}): {problem} ({metric}: {detail})"
     if bad_updates < config.max_bad_updates:
         return message, False
     where = f"; the newest checkpoint is {str(newest)!r} (written when its iteration's weights and metrics were finite)" if newest else ""

@@ -90,7 +90,7 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
-def load_tokenizer(name: str, trust_remote_code: bool = False):
+def load_tokenizer(name: str, trust_remote_code: bool = False, role: str = "tokenizer"):
     """Load a tokenizer for left-padded batched generation.
 
     A tokenizer without a pad token (GPT-2, Llama) gets pad = eos. That is safe here because
@@ -99,7 +99,7 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
     """
     from transformers import AutoTokenizer
 
-    tok = load_pretrained(AutoTokenizer, name, "tokenizer", trust_remote_code=trust_remote_code)
+    tok = load_pretrained(AutoTokenizer, name, role, trust_remote_code=trust_remote_code)
     if tok.eos_token_id is None:
         raise ValueError(f"the tokenizer of {name!r} has no EOS token; PPO needs one to end responses (set tokenizer.eos_token)")
     if tok.pad_token_id is None:

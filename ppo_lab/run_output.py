@@ -80,19 +80,29 @@ class RunOutput:
             )
         self._probe()
 
-    def owned(self) -> list[str] | None:
-        """The names a run of ppo_lab recorded as its own in this folder's run.json; None when the
-        folder holds no run.json. A run.json written before runs listed their files owns RUN_FILES."""
+    def _record(self) -> dict | None:
+        """This folder's run.json as a dict (None when there is none); ValueError naming the file
+        when it is not a run record."""
         path = self.dir / "run.json"
         if not path.is_file():
             return None
         try:
             record = json.loads(path.read_text())
         except ValueError:
-            raise ValueError(f"{str(path)!r} is not readable JSON; delete it if output_dir holds only this checkpoint's run") from None
-        files = record.get("files", list(RUN_FILES)) if isinstance(record, dict) else None
+            record = None
+        if not isinstance(record, dict):
+            raise ValueError(f"{str(path)!r} is not readable JSON; delete it if output_dir holds only this checkpoint's run")
+        return record
+
+    def owned(self) -> list[str] | None:
+        """The names a run of ppo_lab recorded as its own in this folder's run.json; None when the
+        folder holds no run.json. A run.json written before runs listed their files owns RUN_FILES."""
+        record = self._record()
+        if record is None:
+            return None
+        files = record.get("files", list(RUN_FILES))
         if not isinstance(files, list) or not all(isinstance(n, str) and n in RUN_FILES for n in files):
-            raise ValueError(f"{str(path)!r} does not list a run's files as ppo_lab writes them; move the folder's files elsewhere or choose another output_dir")
+            raise ValueError(f"{str(self.dir / 'run.json')!r} does not list a run's files as ppo_lab writes them; move the folder's files elsewhere or choose another output_dir")
         return files
 
     def _probe(self) -> None:
@@ -159,13 +169,8 @@ class RunOutput:
 
     def run_id(self) -> str | None:
         """The id in run.json, if the folder has one."""
-        path = self.dir / "run.json"
-        if not path.exists():
-            return None
-        try:
-            return json.loads(path.read_text()).get("run_id")
-        except (ValueError, AttributeError):
-            raise ValueError(f"{str(path)!r} is not readable JSON; delete it if output_dir holds only this checkpoint's run") from None
+        record = self._record()
+        return None if record is None else record.get("run_id")
 
     def append(self, name: str, rows: list[dict]) -> None:
         """Append rows to a JSONL file (nan and inf become null: strict JSON has neither)."""

@@ -60,7 +60,7 @@ from .dynamic_sampling import informative_groups
 from .estimators import get_advantage_estimator
 from .losses import ppo_loss
 from .masked import masked_whiten
-from .metrics import health_message, mean_metrics, rollout_metrics, rollout_problems, weight_norm, weights_problem
+from .metrics import CollapseWatch, health_message, mean_metrics, rollout_metrics, rollout_problems, weight_norm, weights_problem
 from .models import PolicyWithValueHead
 from .rewards import check_scores, reads_token_ids, score_responses
 from .rollout import Rollout, cat_rollouts, check_chunkable, critic_values, generate, response_logprobs, score_tokens
@@ -135,7 +135,7 @@ class PPOTrainer:
         self.gold_fn = gold_fn
         self.score_gain, self.score_bias = 1.0, 0.0  # reference_score_norm's fixed map (set below)
 
-        self.iteration, self.bad_updates = 0, 0
+        self.iteration, self.bad_updates, self.collapse = 0, 0, CollapseWatch()
         self.history: list[dict] = []
         self.prompt_stream = PromptStream(self.train_prompts, cfg.rollout_batch_size // cfg.responses_per_prompt, cfg.seed)
         self.run_id = uuid.uuid4().hex  # a resumed run takes its checkpoint's
@@ -445,7 +445,7 @@ class PPOTrainer:
                     if acc.scaler is not None and not bad:
                         counts["train/overflow_steps"] += 1  # fp16's scale was too large: how fp16 training starts
                     else:
-                        self._skipped.append(("gradients", "policy/grad_norm", f"{norm_value}" + (f"; non-finite: {', '.join(bad)}" if bad else "")))
+                        self._skipped.append(("non-finite gradients", "policy/grad_norm", f"{norm_value}" + (f"; non-finite: {', '.join(bad)}" if bad else "")))
                     continue
                 for key, values in [*step_metrics.items(), *((k, [v]) for k, v in grad_norms.items())]:
                     collected.setdefault(key, []).extend(values)
@@ -530,8 +530,10 @@ class PPOTrainer:
         message, fatal = health_message(self.iteration, broken, self._skipped, self.bad_updates, cfg, newest[0] if newest else None)
         if fatal:
             raise NonFiniteError(message, metrics=metrics)  # the failed iteration's metrics are still logged
-        if message:
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        newest_checkpoint = lambda: next(iter(ckpt.list_checkpoints(self.output_dir / "checkpoints")), None)
+        for note in (message, self.collapse.observe(self.iteration, stats, cfg.learning_rate, newest_checkpoint)):
+            if note:
+                warnings.warn(note, RuntimeWarning, stacklevel=2)
         return metrics
 
     # --- evaluation and the loop --------------------------------------------------------------
@@ -593,12 +595,16 @@ class PPOTrainer:
     def save(self, folder: str | Path) -> Path:
         """Save the policy and tokenizer with `save_pretrained` (loadable as a hub model). A LoRA
         policy is saved merged (base + adapter), so the folder loads without peft."""
+        if note := self.collapse.saving(self.iteration, f"the policy saved to {str(folder)!r}"):
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
         return self.out.save_folder(folder, lambda tmp: save_policy(self.lm, self.tokenizer, tmp, lora=self.config.lora_r > 0))
 
     def save_checkpoint(self) -> Path:
         """Write a full checkpoint of the run to output_dir/checkpoints (see `ppo_lab.resume`)."""
         from .resume import save_trainer_checkpoint
 
+        if note := self.collapse.saving(self.iteration, "the checkpoint written"):
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
         return save_trainer_checkpoint(self)
 
     def resume(self, where: str | Path) -> Path:

@@ -436,6 +436,106 @@ def test_contradictory_resume_settings_are_named(tiny_path, tmp_path):
 
 def test_a_finite_but_enormous_reward_is_named_not_reported_as_non_finite_gradients(tiny_path, tmp_path):
     trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, max_bad_updates=2), reward_fn=lambda prompts, responses: [1e30] * len(responses))
-    with pytest.warns(RuntimeWarning, match=r"reward .* returned \[1\.0\d*e\+30, .*\]; scores beyond \+-1e\+18 overflow float32 once squared .* scale the reward down"):
+    with pytest.warns(RuntimeWarning, match=r"update skipped \(1 of at most 2\): unusable reward \(reward/score_mean: reward .* returned \[1\.0\d*e\+30, .*\]; scores beyond \+-1e\+18 overflow float32 once squared .* scale the reward down"):
         with pytest.raises(NonFiniteError, match=r"max_bad_updates = 2 reached"):
             trainer.train()
+
+
+# --- a collapsed policy is named, and never saved as a good one without a warning -----------
+def test_collapse_signatures_are_named_and_healthy_metrics_are_not():
+    from ppo_lab.metrics import ENTROPY_FLOOR, collapse_problem
+
+    healthy = {"response/length_mean": 7.5, "reward/eos_fraction": 0.4, "objective/entropy": 0.9}
+    assert collapse_problem(healthy) is None
+    assert collapse_problem({**healthy, "objective/entropy": 3 * ENTROPY_FLOOR}) is None  # low, not collapsed
+    # one response longer than its stop token, or one that did not stop: not every response is a lone stop token
+    assert collapse_problem({**healthy, "response/length_mean": 1.0625, "reward/eos_fraction": 1.0}) is None
+    assert collapse_problem({**healthy, "response/length_mean": 1.0, "reward/eos_fraction": 0.9375}) is None
+    assert "every response is a lone stop token" in collapse_problem({**healthy, "response/length_mean": 1.0, "reward/eos_fraction": 1.0})
+    assert "objective/entropy = 0 nats per token, below 0.001" in collapse_problem({**healthy, "objective/entropy": 0.0})
+
+
+def test_a_collapse_warns_once_when_it_begins_and_again_at_every_save_until_it_ends():
+    from ppo_lab.metrics import CollapseWatch
+
+    healthy = {"response/length_mean": 7.5, "reward/eos_fraction": 0.4, "objective/entropy": 0.9, "objective/kl": 0.1}
+    dead = {**healthy, "objective/entropy": 0.0, "objective/kl": 41.0}
+    watch, asked = CollapseWatch(), []
+    newest = lambda: asked.append(1) or "run/checkpoints/checkpoint-000002"
+    assert watch.observe(2, healthy, 0.3, newest) is None and watch.saving(2, "the checkpoint written") is None
+    note = watch.observe(3, dead, 0.3, newest)
+    assert note.startswith("iteration 3: the policy has collapsed: objective/entropy = 0 nats per token")
+    assert "objective/kl = 41 nats" in note and "learning_rate = 0.3" in note
+    assert note.endswith("the newest checkpoint from before the collapse is 'run/checkpoints/checkpoint-000002'")
+    assert watch.observe(4, dead, 0.3, newest) is None and len(asked) == 1  # warned at the onset only
+    assert watch.saving(4, "the checkpoint written") == (
+        "the checkpoint written at iteration 4 holds a collapsed policy (since iteration 3: objective/entropy = 0 nats per token, "
+        "below 0.001: the policy samples nearly every token with probability 1); the newest checkpoint from before the collapse "
+        "is 'run/checkpoints/checkpoint-000002'"
+    )
+    assert watch.observe(5, healthy, 0.3, newest) is None and watch.saving(5, "x") is None  # it recovered
+    assert watch.observe(6, dead, 0.3, lambda: None).endswith("no checkpoint was written before it")
+
+
+def test_a_learning_rate_that_collapses_the_policy_is_named_and_its_saves_say_so(tiny_path, tmp_path):
+    import warnings
+
+    cfg = small_config(tmp_path, learning_rate=0.3, total_iterations=6, save_interval=1, keep_checkpoints=10, max_new_tokens=6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = PPOTrainer(cfg).train()
+    notes = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    onsets = [n for n in notes if "the policy has collapsed" in n]
+    assert len(onsets) == 1, notes
+    start = int(onsets[0].split(":")[0].split()[-1])
+    assert min(h["objective/entropy"] for h in history[start - 1 :]) < 1e-3 or history[start - 1]["response/length_mean"] == 1.0
+    assert f"the newest checkpoint from before the collapse is '{tmp_path / 'run' / 'checkpoints' / f'checkpoint-{start - 1:06d}'}'" in onsets[0]
+    saves = [n for n in notes if "holds a collapsed policy" in n]
+    assert any(n.startswith(f"the policy saved to '{tmp_path / 'run' / 'policy'}' at iteration 6") for n in saves), notes
+    assert (tmp_path / "run" / "policy").is_dir()  # saved, and said to be collapsed
+
+
+def test_an_unknown_tracker_and_a_missing_policy_folder_name_their_field(tmp_path):
+    from ppo_lab.config import PPOConfig
+
+    with pytest.raises(ValueError, match=r"PPOConfig.report_to = 'tensorboard,nosuch': 'nosuch' is not a tracker accelerate knows; valid values are: all, .*tensorboard"):
+        PPOConfig(report_to="tensorboard,nosuch")  # was accelerate's "Unsupported logging capability", with no field
+    assert PPOConfig(report_to="tensorboard, wandb").report_to == "tensorboard, wandb"
+    with pytest.raises(ValueError, match=r"could not load the tokenizer of PPOConfig.policy_model from '/nonexistent/model': no such folder"):
+        PPOTrainer(PPOConfig(policy_model="/nonexistent/model", output_dir=str(tmp_path / "run")))
+
+
+def test_a_flag_whose_name_has_no_underscore_is_registered_once():
+    import argparse
+
+    from ppo_lab.config import PPOConfig
+
+    parser = argparse.ArgumentParser()
+    PPOConfig.add_arguments(parser)
+    task = next(a for a in parser._actions if a.dest == "task")
+    assert task.option_strings == ["--task"]  # argparse's errors said "argument --task/--task"
+    assert next(a for a in parser._actions if a.dest == "learning_rate").option_strings == ["--learning_rate", "--learning-rate"]
+
+
+def test_the_command_lines_own_warnings_are_one_line_each(tiny_path, tmp_path):
+    _cli(["train", *SMALL, "--total_iterations", "2", "--save_interval", "1", "--output_dir", "r"], tmp_path)
+    newest = tmp_path / "r" / "checkpoints" / "checkpoint-000002" / "policy.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-10] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    out = _cli(["train", *SMALL, "--total_iterations", "3", "--output_dir", "r", "--resume_from", "latest"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ppo-lab: warning: checkpoint 'r/checkpoints/checkpoint-000002' is corrupted: the sha256 of policy.safetensors does not match the manifest; using the previous checkpoint\n" in out.stderr
+    assert "UserWarning" not in out.stderr and "checkpoint.py" not in out.stderr, out.stderr[-2000:]
+
+
+def test_a_misspelt_keyword_to_the_config_names_the_near_miss():
+    import inspect
+
+    from ppo_lab.config import PPOConfig
+
+    with pytest.raises(TypeError, match=r"unknown PPOConfig field\(s\): 'learnig_rate' \(did you mean 'learning_rate'\?\)"):
+        PPOConfig(learnig_rate=1e-4)  # was Python's "unexpected keyword argument", with no suggestion
+    with pytest.raises(TypeError, match=r"'kind' \(renamed to 'kl_estimator'\)"):
+        PPOConfig(kind="k3")
+    assert "learning_rate" in inspect.signature(PPOConfig).parameters  # the signature is still the fields'
