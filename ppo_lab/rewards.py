@@ -42,7 +42,11 @@ def check_scores(scores, n: int, source: str = "the reward function", finite: bo
     try:
         tensor = torch.as_tensor(scores if isinstance(scores, torch.Tensor) else list(scores), dtype=torch.float32)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{source} must return one number per response; got {type(scores).__name__} ({err})") from None
+        # name what came back (torch's own words, "too many dimensions 'str'", say it only indirectly)
+        items = list(scores) if isinstance(scores, (list, tuple)) else []
+        odd = next((x for x in items if not isinstance(x, (int, float)) or isinstance(x, bool)), None)
+        what = f"a {type(scores).__name__} holding {type(odd).__name__} values such as {odd!r}" if odd is not None else f"{type(scores).__name__} ({err})"
+        raise ValueError(f"{source} must return one number per response; got {what}") from None
     tensor = tensor.detach().cpu()
     if tensor.dim() == 2 and tensor.shape[1] == 1:
         tensor = tensor.squeeze(1)

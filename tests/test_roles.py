@@ -73,7 +73,7 @@ def test_pad_equal_eos_keeps_the_eos_in_the_mask(tiny_path, tmp_path):
     "reward, match",
     [
         (lambda p, r: [0.0] * (len(r) - 1), r"returned scores of shape \(15,\) for 16 responses; expected \(16,\)"),
-        (lambda p, r: ["good"] * len(r), r"must return one number per response"),
+        (lambda p, r: ["good"] * len(r), r"must return one number per response; got a list holding str values such as 'good'"),
         (lambda p, r: torch.zeros(len(r), 2), r"returned scores of shape \(16, 2\)"),
     ],
 )
