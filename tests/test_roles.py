@@ -32,10 +32,10 @@ def test_policy_from_a_local_folder(tiny_path, tmp_path):
 
 
 def test_unknown_model_path_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match=r"could not load the (tokenizer|policy model) from '/nowhere/model': no such folder"):
+    with pytest.raises(ValueError, match=r"could not load the (tokenizer of PPOConfig.policy_model|policy model) from '/nowhere/model': no such folder"):
         PPOTrainer(small_config(tmp_path, policy_model="/nowhere/model"))
     # a name that is not a path goes to the hub, which is off in the tests
-    with pytest.raises(ValueError, match=r"could not load the (tokenizer|policy model) from 'nobody/no-model' \(not a local folder; hub downloads are off\)"):
+    with pytest.raises(ValueError, match=r"could not load the (tokenizer of PPOConfig.policy_model|policy model) from 'nobody/no-model' \(not a local folder; hub downloads are off\)"):
         PPOTrainer(small_config(tmp_path, policy_model="nobody/no-model"))
 
 
