@@ -108,9 +108,10 @@ def rollout_problems(rollout, whiten: bool, reward_name: str) -> list[tuple[str,
     if not finite[0]:
         bad = ~usable
         rows = torch.nonzero(bad).flatten()[:5].tolist()
-        huge = bool(torch.isfinite(rollout.scores[bad]).any())
+        finite_bad = torch.isfinite(rollout.scores[bad])
+        huge = bool(finite_bad.any())
         why = f"; scores beyond +-{SCORE_LIMIT:.0e} overflow float32 once squared (whitening and the value loss square them): scale the reward down" if huge else ""
-        kind = "non-finite reward" if not torch.isfinite(rollout.scores[bad]).all() else "unusable reward"
+        kind = "unusable reward" if bool(finite_bad.all()) else "non-finite reward"
         found.append((kind, "reward/score_mean", f"reward {reward_name} returned {rollout.scores[bad][:5].tolist()} for responses {rows}{why}"))
     for name, ok in zip(named, finite[1:]):
         if not ok:
