@@ -89,9 +89,12 @@ class RunOutput:
         try:
             record = json.loads(path.read_text())
         except ValueError:
-            record = None
+            raise ValueError(f"{str(path)!r} is not readable JSON; delete it if output_dir holds only this checkpoint's run") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{str(path)!r} is not readable JSON; delete it if output_dir holds only this checkpoint's run")
+            raise ValueError(
+                f"{str(path)!r} holds JSON but not a run record (a JSON object; found {type(record).__name__}); "
+                "delete it if output_dir holds only this checkpoint's run"
+            )
         return record
 
     def owned(self) -> list[str] | None:

@@ -325,6 +325,17 @@ def test_a_run_json_that_does_not_list_a_runs_files_is_not_trusted(tiny_path, tm
     assert (folder / "run.json").exists()
 
 
+@pytest.mark.parametrize("text, message", [("{not json", r"run.json' is not readable JSON"),
+                                           ('["run_id", "x"]', r"run.json' holds JSON but not a run record \(a JSON object; found list\)")])
+def test_a_run_json_that_is_not_a_record_is_named_for_what_it_is(tiny_path, tmp_path, text, message):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "run.json").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        PPOTrainer(small_config(tmp_path, overwrite_output_dir=True))
+    assert (folder / "run.json").read_text() == text
+
+
 # --- resume_from: a number, a name as ls shows it, a path that must exist -------------------
 def test_resume_from_takes_an_iteration_or_a_checkpoint_name_and_a_named_path_must_exist(tiny_path, tmp_path, monkeypatch):
     PPOTrainer(small_config(tmp_path, total_iterations=3, save_interval=1)).train()
