@@ -155,7 +155,7 @@ def worker(args) -> None:
         "config": args.worker, "letter": letter, "overrides": overrides,
         "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
         "precision": w.precision, "workload": size, "prompt_len_max": prompt_len,
-        "old_logprobs_from": getattr(trainer, "old_logprobs_from", None),
+        "old_logprobs_from": trainer.sampler.old_logprobs_from,
         "updates": len(history), "sec_per_update": [round(s["s"], 3) for s in steps],
         "peak_memory_mb": [h.get("perf/peak_memory_mb") for h in history],
         "measured_peak_mib": measured if cuda else None,

@@ -230,7 +230,7 @@ def main(argv=None):
         "flops_per_update": wl.update_flops(args, n_matmul["policy"], n_matmul.get("value", 0), n_matmul["reward"],
                                             wl.prompt_mean_length(prompt_ids)),
         "precision": args.precision,
-        "old_logprobs_from": getattr(trainer, "old_logprobs_from", None),
+        "old_logprobs_from": trainer.sampler.old_logprobs_from,
         "optimizer": optimizer,
         **memory.fields(),
         **profiled,

@@ -149,7 +149,9 @@ def build_trainer(args, critic: str, tmp: Path):
 
 def instrument_ppo_lab(trainer, timers: Timers):
     """Wrap the functions and methods one iteration calls (module globals and instance attributes)."""
+    import ppo_lab.objective as objective_mod
     import ppo_lab.rollout as rollout_mod
+    import ppo_lab.sampling as sampling_mod
     import ppo_lab.trainer as trainer_mod
 
     T = timers.wrap
@@ -162,10 +164,10 @@ def instrument_ppo_lab(trainer, timers: Timers):
     else:
         trainer_mod.generate = T("rollout/generate", trainer_mod.generate)
     lm = trainer.lm
-    if hasattr(rollout_mod, "sample_tokens"):  # ppo_lab's own sampling loop
+    if hasattr(sampling_mod, "sample_tokens"):  # ppo_lab's own sampling loop
         lm.forward = T(lambda *a, **k: "rollout/generate/model forward (KV cache)" if k.get("use_cache") else None,
                        lm.forward)
-        rollout_mod.sample_tokens = T("rollout/generate/sample_tokens", rollout_mod.sample_tokens)
+        sampling_mod.sample_tokens = T("rollout/generate/sample_tokens", sampling_mod.sample_tokens)
     else:  # transformers' generate()
         lm.generate = T("rollout/generate/model.generate", lm.generate)
     trainer_mod.score_tokens = T("rollout/score_tokens", trainer_mod.score_tokens)
@@ -186,10 +188,10 @@ def instrument_ppo_lab(trainer, timers: Timers):
 
     # advantages ------------------------------------------------------------------------------
     trainer.advantages = T("advantages", trainer.advantages)
-    trainer_mod.adjust_scores = T("advantages/adjust_scores", trainer_mod.adjust_scores)
-    trainer_mod.shape_rewards = T("advantages/shape_rewards", trainer_mod.shape_rewards)
-    trainer.estimator = T("advantages/estimator (GAE)", trainer.estimator)
-    trainer_mod.masked_whiten = T("advantages/masked_whiten", trainer_mod.masked_whiten)
+    objective_mod.adjust_scores = T("advantages/adjust_scores", objective_mod.adjust_scores)
+    objective_mod.shape_rewards = T("advantages/shape_rewards", objective_mod.shape_rewards)
+    trainer.objective.estimator = T("advantages/estimator (GAE)", trainer.objective.estimator)
+    objective_mod.masked_whiten = T("advantages/masked_whiten", objective_mod.masked_whiten)
 
     # update ----------------------------------------------------------------------------------
     trainer.update = T("update", trainer.update)

@@ -5,6 +5,7 @@ The modules follow the book's chapters; every name exported here is explained in
 =====================  ==============================================  =========
 module                 what it holds                                   chapter
 =====================  ==============================================  =========
+`book`                 every chapter's set-up, glued numbers, checks   all
 `logprobs`             log-probabilities and entropy from logits       1
 `masked`               means, variances, whitening over real tokens    2
 `policy_gradient`      reward-to-go and the REINFORCE surrogate        2
@@ -17,25 +18,39 @@ module                 what it holds                                   chapter
 `kl_control`           fixed, adaptive and PPO-penalty KL controllers  5, 6
 `clipping`             the clipped surrogate objective; GSPO, CISPO    6, 10
 `aggregation`          loss aggregation modes                          10
+`registry`             name -> function tables                         4, 10
 `estimators`           advantage-estimator registry (GAE, RLOO, ...)   4, 10
-`dynamic_sampling`     DAPO's filter of groups that teach nothing      10
+`dynamic_sampling`     DAPO's filter and collection of groups          10
 `bandit`               a bandit with a known gradient, for estimators  10
 `losses`               policy-loss registry, the loss of a micro-batch 7, 10
 `update`               one PPO update in one screen (`ppo_update`)     7
 `tasks`, `tiny`        offline tasks and the built-in tiny model       1, 7
-`models`, `rewards`    the four roles: policy, reference, critic,      1, 7
-                       reward
-`rollout`              sampling (`Sampling`, `generate`) and scoring   1, 7
+`models`, `rewards`    the four roles: policy, reference, critic,      1, 7, 8
+                       reward; the gold reward
+`hf`                   helpers around transformers                     7
+`sampling`             sampling (`Sampling`, `generate`)               1, 7
+`rollout`              scoring the sampled tokens with every model     1, 7
+`batch`                the rollout batch (`Rollout`) and its padding   7
+`objective`            where the config meets the math: advantages,    7
+                       the loss of a micro-batch
+`optimizer_step`       one optimizer step per minibatch                7, 9
 `build`, `trainer`     building a run from its config; the PPO loop    7
 `metrics`              rollout metrics and the health checks           7
 `run_output`           a run's folder: metrics, samples, final policy  7
-`config`               `PPOConfig`, YAML and command line              7
+`config`, `cli`        `PPOConfig`, YAML and the command line          7
 `plotting`             one rollout, drawn; the training dashboard      1, 7
 `reward_model`         Bradley-Terry reward models                     8
+`reference_norm`       the score's scale, fixed from the reference     8
+`dpo`                  the KL-regularised optimum and DPO              8
 `checkpoint`, `resume` checkpoints and resuming a run exactly          9
 `distributed`          several processes: shard, gather, no_sync       9
 `memory`               the memory of a PPO setup: estimate, measure    9
+`lora`                 LoRA adapters; the reference without a copy     9
+`syncs`                counting host-device synchronisations           9
+`sampler`              the sampler beside the trainer                  9
 `rollout_correction`   weights for the sampler/trainer gap (TIS, MIS)  9
+`disagreements`        the other implementations' choices              A
+`course`               the course's assignments and autograder         D
 =====================  ==============================================  =========
 
 The math is imported eagerly (it needs only torch); the trainer, which imports transformers and
@@ -67,13 +82,13 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "PPOConfig": "config",
-    "Sampling": "rollout",
-    "generate": "rollout",
+    "Sampling": "sampling",
+    "generate": "sampling",
     "POLICY_LOSSES": "losses",
     "get_policy_loss": "losses",
     "register_policy_loss": "losses",
     "PPOTrainer": "trainer",
-    "Rollout": "rollout",
+    "Rollout": "batch",
     "plot_dashboard": "plotting",
     "load_metrics": "plotting",
     "bradley_terry_loss": "reward_model",
@@ -97,7 +112,7 @@ _LAZY = {
 }
 
 
-_LAZY_MODULES = {"book", "build", "checkpoint", "config", "distributed", "dpo", "hf", "lora", "losses", "memory", "metrics", "models", "plotting", "reference_norm", "resume", "reward_model", "rewards", "rollout", "run_output", "tasks", "tiny", "trainer"}
+_LAZY_MODULES = {"bandit", "batch", "book", "build", "checkpoint", "cli", "config", "disagreements", "distributed", "dpo", "hf", "lora", "losses", "memory", "metrics", "models", "objective", "optimizer_step", "plotting", "reference_norm", "registry", "resume", "reward_model", "rewards", "rollout", "run_output", "sampler", "sampling", "syncs", "tasks", "tiny", "trainer"}
 
 
 def __getattr__(name):

@@ -14,7 +14,7 @@ from .checkpoint import from_json, to_json
 from .config import PPOConfig
 from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLController
 from .models import PolicyWithValueHead, context_length, disable_dropout, enable_checkpointing, load_critic, load_tokenizer, make_reference, to_float32
-from .rollout import Sampling
+from .sampling import Sampling
 
 # torch.compile's backend for `PPOConfig.torch_compile` (the tests switch to "eager", which traces
 # the same graphs in seconds instead of minutes on a CPU).

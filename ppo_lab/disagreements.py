@@ -2,8 +2,9 @@
 
 Appendix A (Where the big implementations disagree) runs each decision of the README's table
 both ways. `ppo_lab` makes one choice in each; this module holds the table as data (`DECISIONS`,
-kept equal to the README's by a test) and the other choices as pure functions, which the trainer
-applies only when `PPOConfig.reproduce` names them (off by default, used by Appendix A to run
+kept equal to the README's by a test) and the other choices as pure functions. `Choices` is what
+the trainer sees: one hook per decision, which it calls on every run, and which applies the
+other choice only when `PPOConfig.reproduce` names it (off by default, used by Appendix A to run
 each decision both ways, never by a recipe):
 
     score-past-last           the score one position past the last real token (TRL, DeepSpeed-Chat)
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from ._checks import check_float, check_mask, check_range, check_same_shape, check_tensor
+from .masked import masked_whiten
 from .shaping import last_real_index
 
 OTHER_CHOICES = ("score-past-last", "gae-over-padding", "whiten-with-padding", "temperature-1-in-scoring", "dropout-on")
@@ -165,3 +167,63 @@ def dropout_on(model: nn.Module, p: float = DROPOUT_ON_P) -> nn.Module:
         if isinstance(module, nn.Dropout):
             module.p = p
     return model
+
+
+class Choices:
+    """The trainer's hook at each decision that a switch reproduces: ppo_lab's own choice, or the
+    other implementations' for the names in `names` (see `parse_reproduce`). The trainer calls
+    every hook on every run and tests no names; with no names each hook is ppo_lab's choice."""
+
+    def __init__(self, names: tuple[str, ...] = ()):
+        self.names = parse_reproduce(",".join(names))
+
+    @classmethod
+    def parse(cls, value: str | None) -> Choices:
+        """The choices of a `PPOConfig.reproduce` value (comma-separated names, or None)."""
+        return cls(parse_reproduce(value))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names
+
+    def prepare(self, models) -> None:
+        """dropout-on: dropout at `DROPOUT_ON_P` in every trained model (ppo_lab keeps it off)."""
+        if "dropout-on" in self:
+            for model in models:
+                dropout_on(model)
+
+    def score_temperature(self, temperature: float) -> float:
+        """The temperature of every log-prob forward: the sampling one (temperature-1-in-scoring: 1)."""
+        return 1.0 if "temperature-1-in-scoring" in self else temperature
+
+    def place_score(self, rewards: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T) the shaped rewards, with the score on the last real token (score-past-last:
+        one position on); `scores` (B,) are those `shape_rewards` placed."""
+        return score_past_last(rewards, scores, mask) if "score-past-last" in self else rewards
+
+    def estimator(self, estimator):
+        """The advantage estimator (gae-over-padding: GAE's recursion over every position)."""
+        if "gae-over-padding" not in self:
+            return estimator
+        return lambda rewards, mask, values, gamma, lam, **_: gae_over_padding(rewards, values, mask, gamma, lam)
+
+    def whiten(self, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T) advantages whitened over the real tokens (whiten-with-padding: over every position)."""
+        return whiten_with_padding(advantages, mask) if "whiten-with-padding" in self else masked_whiten(advantages, mask)
+
+
+@torch.no_grad()
+def first_step_metrics(trainer) -> dict[str, float]:
+    """What the first optimizer step of an update of `trainer` (a `PPOTrainer`) would see, without
+    taking it: a rollout of the first `minibatch_size` training prompts, then the loss metrics of
+    that minibatch under the current weights in train mode. On-policy (dropout off, one
+    temperature in sampling and scoring) every ratio is 1, so policy/ratio_min = ratio_max = 1
+    and policy/clipfrac = 0, up to float round-off; the dropout-on and temperature-1-in-scoring
+    choices break that (appendices A and C). The weights, the prompt stream and the iteration
+    count are left as they were."""
+    k = trainer.config.responses_per_prompt
+    ro = trainer.rollout(trainer.train_prompts[: max(trainer.config.minibatch_size // k, 1)])
+    _, advantages, returns = trainer.advantages(ro)
+    trainer.set_training(True)
+    _, metrics = trainer.minibatch_loss(ro, torch.arange(len(ro), device=ro.mask.device), advantages, returns)
+    trainer.set_training(False)
+    return {key: value.item() for key, value in metrics.items()}

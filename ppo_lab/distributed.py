@@ -14,6 +14,8 @@ import resource
 
 import torch
 
+from .batch import padding
+
 
 def check_distributed_backend(kind) -> None:
     """Refuse the accelerate backends under which this trainer is not known to be correct.
@@ -52,26 +54,25 @@ def gather(accelerator, tensor: torch.Tensor, pad_value=0, pad_first: bool = Fal
 
 
 def gather_rollout(accelerator, parts: dict, pad_id: int) -> dict:
-    """Every process's share of the rollout's fields, concatenated (prompts left-padded, so
-    they are padded at the front; responses at the back). `parts["responses"]` is a list of str."""
+    """Every process's share of the rollout's fields, concatenated, each padded by the rollout's
+    one rule (`batch.padding`). `parts["responses"]` is a list of str."""
     if accelerator.num_processes == 1:
         return parts
     from accelerate.utils import gather_object
 
     out = {}
     for key, value in parts.items():
+        rule = padding(key, pad_id)
         if key == "responses":
             out[key] = gather_object(value)
         elif value is None:
             out[key] = None
-        elif key in ("query_ids", "query_mask"):
-            out[key] = gather(accelerator, value, pad_id if key == "query_ids" else 0, pad_first=True)
-        elif key == "response_ids":
-            out[key] = gather(accelerator, value, pad_id)
         elif value.dtype == torch.bool:
             out[key] = gather(accelerator, value.long()).bool()
-        else:
+        elif rule is None:
             out[key] = gather(accelerator, value)
+        else:
+            out[key] = gather(accelerator, value, rule[0], pad_first=rule[1])
     return out
 
 

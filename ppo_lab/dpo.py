@@ -203,7 +203,7 @@ def reward_and_kl(model, reference, tokenizer, prompts: list[str], reward_fn, *,
     DPO policy and a PPO policy are compared on one footing. Returns {"reward", "reward_se",
     "kl", "kl_se", "length"} (length: mean response tokens, EOS included)."""
     from .rewards import check_scores
-    from .rollout import Sampling, generate
+    from .sampling import Sampling, generate
 
     if n < 2:
         raise ValueError(f"n = {n} must be >= 2 (a standard error needs two responses)")

@@ -49,10 +49,10 @@ from ._checks import check_float, check_mask, check_range, check_same_shape, che
 from .gae import compute_gae
 from .masked import masked_mean, masked_whiten
 from .policy_gradient import discounted_returns
+from .registry import Registry
 from .shaping import last_real_index
 
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 # The keywords the trainer passes to every estimator; each uses those it needs and ignores the rest.
 COMMON_KEYWORDS = ("values", "group_ids", "scores", "gamma", "lam")
 
@@ -79,24 +79,10 @@ def _checked(name: str, fn: AdvantageEstimator) -> AdvantageEstimator:
     return estimator
 
 
-def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    """Decorator adding an estimator to the registry under `name` (names must be new)."""
-
-    def add(fn: AdvantageEstimator) -> AdvantageEstimator:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"an advantage estimator named {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = _checked(name, fn)
-        return fn
-
-    return add
-
-
-def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    """The estimator registered as `name`; a ValueError lists the valid names otherwise."""
-    if name not in ADVANTAGE_ESTIMATORS:
-        valid = ", ".join(repr(n) for n in sorted(ADVANTAGE_ESTIMATORS))
-        raise ValueError(f"unknown advantage estimator {name!r}; valid values are: {valid}")
-    return ADVANTAGE_ESTIMATORS[name]
+# The registry hands out each estimator checked (`_checked`).
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator", wrap=_checked)
+register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
+get_advantage_estimator = ADVANTAGE_ESTIMATORS.lookup
 
 
 def compute_advantages(name: str, rewards: torch.Tensor, mask: torch.Tensor, **kwargs):

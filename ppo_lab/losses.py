@@ -21,32 +21,17 @@ import torch
 from .aggregation import aggregate_loss
 from .clipping import cispo_policy_loss, clipped_policy_loss, gspo_policy_loss, kl_penalized_policy_loss
 from .kl import kl_penalty
+from .registry import Registry
 from .value import clipped_value_loss
 
-# A policy loss: (logprobs, old_logprobs, advantages, mask, *, config fields) -> (loss, metrics);
+# A policy loss: (logprobs, old_logprobs, advantages, mask, *, settings) -> (loss, metrics);
 # all tensors (B, T). Each takes the keyword arguments it needs and ignores the rest (**_):
 # clip_eps, clip_eps_high, dual_clip, penalty_beta, loss_agg and norm_length (for
 # "seq-mean-token-sum-norm", the generation budget max_new_tokens).
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator: make a policy loss available as `PPOConfig.policy_loss = name`."""
-
-    def add(fn: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"a policy loss named {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return add
-
-
-def get_policy_loss(name: str) -> PolicyLoss:
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; valid values are: {', '.join(map(repr, sorted(POLICY_LOSSES)))}")
-    return POLICY_LOSSES[name]
+POLICY_LOSSES = Registry("policy loss")
+register_policy_loss = POLICY_LOSSES.register  # make a policy loss available as `PPOConfig.policy_loss = name`
+get_policy_loss = POLICY_LOSSES.lookup
 
 
 @register_policy_loss("clip")
@@ -74,58 +59,60 @@ def cispo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_h
 
 
 def ppo_loss(
-    config,
+    policy_loss: PolicyLoss,
     *,
     logprobs: torch.Tensor | None,
     entropy: torch.Tensor | None = None,
     values: torch.Tensor | None,
     batch: dict[str, torch.Tensor],
-    kl_coef: float,
-    penalty_beta: float,
+    vf_coef: float,
+    value_clip: float | None,
+    entropy_coef: float = 0.0,
+    kl_coef: float | None = None,
+    kl_estimator: str = "k1",
+    loss_agg: str = "token-mean",
+    norm_length: float | None = None,
     train_policy: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one micro-batch, and its metrics (detached 0-dim tensors).
 
     Args:
-        config: the `PPOConfig` (policy_loss, its clip settings, vf_coef, entropy_coef, kl_in,
-            kl_estimator, value_clip, loss_agg).
+        policy_loss: (logprobs, old_logprobs, advantages, mask) -> (loss, metrics), a registered
+            policy loss with its settings bound (see `objective.Objective`).
         logprobs: (B, T) log pi_theta of the response tokens, with gradient (None when
             `train_policy` is False: only the value loss is computed).
         entropy: (B, T) the current policy's entropy at each response position, with gradient;
-            needed when `config.entropy_coef` > 0.
+            needed when `entropy_coef` > 0.
         values: (B, T) the current critic's values, with gradient; None without a critic.
         batch: the rollout's rows of this micro-batch, each (B, T): "old_logprobs",
             "ref_logprobs", "advantages", "returns", "mask", and "old_values" with a critic.
-        kl_coef: the current reference-KL coefficient (used when config.kl_in == "loss").
-        penalty_beta: the current PPO-penalty coefficient (policy_loss = "kl_penalty").
+        vf_coef, value_clip: the value loss's weight and clip range (None = no clip).
+        entropy_coef: the entropy bonus's weight.
+        kl_coef: the reference-KL coefficient when the KL sits in the loss (GRPO style); None
+            when it sits in the reward (chapter 5) and the loss has no KL term.
+        kl_estimator: the per-token KL estimator of that term (k1, k2, k3).
+        loss_agg, norm_length: how per-token losses are aggregated (`aggregate_loss`).
         train_policy: False during the critic's warm-up: only the value loss is returned.
     """
     m = batch["mask"]
-    # seq-mean-token-sum-norm divides by the generation budget, not by this batch's padded width
-    # (which is its longest response: sampling stops when every response has)
-    norm_length = float(config.max_new_tokens)
     loss = torch.zeros((), device=m.device)
     metrics: dict[str, torch.Tensor] = {}
     if train_policy:
-        policy_loss = get_policy_loss(config.policy_loss)
-        loss, metrics = policy_loss(
-            logprobs, batch["old_logprobs"], batch["advantages"], m, clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high,
-            dual_clip=config.dual_clip, penalty_beta=penalty_beta, loss_agg=config.loss_agg, norm_length=norm_length,
-        )
+        loss, metrics = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], m)
         metrics["loss/policy"] = loss.detach()
     if values is not None:
-        vf_loss, v_metrics = clipped_value_loss(values.float(), batch["old_values"], batch["returns"], m, config.value_clip, config.loss_agg, norm_length)
-        loss = loss + config.vf_coef * vf_loss
+        vf_loss, v_metrics = clipped_value_loss(values.float(), batch["old_values"], batch["returns"], m, value_clip, loss_agg, norm_length)
+        loss = loss + vf_coef * vf_loss
         metrics.update(v_metrics)
         metrics["loss/value"] = vf_loss.detach()
-    if train_policy and config.entropy_coef > 0:
+    if train_policy and entropy_coef > 0:
         if entropy is None:
-            raise ValueError("ppo_loss: config.entropy_coef > 0 needs the policy's `entropy` (B, T)")
-        entropy = aggregate_loss(entropy, m, config.loss_agg, norm_length)
-        loss = loss - config.entropy_coef * entropy
+            raise ValueError("ppo_loss: entropy_coef > 0 needs the policy's `entropy` (B, T)")
+        entropy = aggregate_loss(entropy, m, loss_agg, norm_length)
+        loss = loss - entropy_coef * entropy
         metrics["loss/entropy"] = entropy.detach()
-    if train_policy and config.kl_in == "loss":
-        kl = aggregate_loss(kl_penalty(logprobs, batch["ref_logprobs"], config.kl_estimator), m, config.loss_agg, norm_length)
+    if train_policy and kl_coef is not None:
+        kl = aggregate_loss(kl_penalty(logprobs, batch["ref_logprobs"], kl_estimator), m, loss_agg, norm_length)
         loss = loss + kl_coef * kl
         metrics["loss/kl"] = kl.detach()
     return loss, metrics

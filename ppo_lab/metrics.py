@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from ._checks import NonFiniteError
 from .kl import kl_penalty
 from .masked import masked_mean
 
@@ -201,18 +202,55 @@ def mean_metrics(collected: dict[str, list[torch.Tensor]], reduce=lambda t: t) -
     return dict(zip(keys, reduce(means).tolist()))
 
 
-def health_message(iteration: int, broken: str | None, skipped: list, bad_updates: int, config, newest) -> tuple[str | None, bool]:
+def health_message(iteration: int, broken: str | None, skipped: list, bad_updates: int, newest, *, max_bad_updates: int, learning_rate: float) -> tuple[str | None, bool]:
     """(message, fatal) after an iteration: exploded or non-finite weights stop the run; a
-    skipped update warns, and stops the run at `config.max_bad_updates` skipped updates.
+    skipped update warns, and stops the run at `max_bad_updates` skipped updates.
     `newest` is the newest checkpoint (or None), named so the user knows where to resume."""
     if broken:
         where = f"; the newest checkpoint is {str(newest)!r}" if newest else ""
-        return f"iteration {iteration}: {broken} (learning_rate = {config.learning_rate:g} is probably far too large). Stopping; the final policy is not saved{where}", True
+        return f"iteration {iteration}: {broken} (learning_rate = {learning_rate:g} is probably far too large). Stopping; the final policy is not saved{where}", True
     if not skipped:
         return None, False
     problem, metric, detail = skipped[0]
-    message = f"iteration {iteration}: update skipped ({bad_updates} of at most {config.max_bad_updates}): {problem} ({metric}: {detail})"
-    if bad_updates < config.max_bad_updates:
+    message = f"iteration {iteration}: update skipped ({bad_updates} of at most {max_bad_updates}): {problem} ({metric}: {detail})"
+    if bad_updates < max_bad_updates:
         return message, False
     where = f"; the newest checkpoint is {str(newest)!r} (written when its iteration's weights and metrics were finite)" if newest else ""
-    return f"{message}. Stopping: PPOConfig.max_bad_updates = {config.max_bad_updates} reached{where}", True
+    return f"{message}. Stopping: PPOConfig.max_bad_updates = {max_bad_updates} reached{where}", True
+
+
+class RunHealth:
+    """A run's health across its iterations: updates skipped for nan or inf, counted against
+    `max_bad_updates`; weights that exploded; a collapse of the policy (`CollapseWatch`).
+
+    `after` is called after every iteration: it raises `NonFiniteError` (carrying the iteration's
+    metrics, which are still logged) to stop the run, and returns the warnings to give."""
+
+    def __init__(self, max_bad_updates: int, learning_rate: float):
+        self.max_bad_updates, self.learning_rate = max_bad_updates, learning_rate
+        self.bad_updates = 0  # kept in checkpoints
+        self.collapse = CollapseWatch()
+
+    def after(self, iteration: int, skipped: list, norm_before: float, norm_after: float, stats: dict, metrics: dict, checkpoints) -> list[str]:
+        """Judge the iteration that just ended: `skipped` lists why its update (or steps) were
+        skipped, the norms are the trained weights' before and after it, `stats` its rollout
+        metrics (floats), and `checkpoints()` the run's checkpoints, newest first."""
+        broken = weights_problem(norm_before, norm_after)
+        newest = checkpoints() if broken or skipped else []
+        self.bad_updates += bool(skipped)
+        message, fatal = health_message(
+            iteration, broken, skipped, self.bad_updates, newest[0] if newest else None, max_bad_updates=self.max_bad_updates, learning_rate=self.learning_rate
+        )
+        if fatal:
+            raise NonFiniteError(message, metrics=metrics)
+        collapsed = self.collapse.observe(iteration, stats, self.learning_rate, lambda: next(iter(checkpoints()), None))
+        return [note for note in (message, collapsed) if note]
+
+
+def eval_metrics(samples: list[dict]) -> dict[str, float]:
+    """The eval/* metrics of an evaluation's samples: the mean score, and the mean gold score
+    when the samples carry one (a run with a gold reward)."""
+    metrics = {"eval/score_mean": sum(s["score"] for s in samples) / len(samples)}
+    if samples and "gold" in samples[0]:
+        metrics["eval/gold_mean"] = sum(s["gold"] for s in samples) / len(samples)
+    return metrics

@@ -14,7 +14,7 @@ import torch
 
 from . import distributed as dist
 from .build import draws
-from .rollout import generate
+from .sampling import generate
 
 
 @torch.no_grad()
@@ -32,7 +32,7 @@ def reference_scores(trainer, n: int) -> torch.Tensor:
     lo, hi = dist.shard(acc, n)
     scores = torch.zeros(0, device=trainer.device)
     if hi > lo:
-        trainer._modes(training=False)
+        trainer.set_training(False)
         with acc.autocast():
             drawn = generate(trainer.lm, trainer.tokenizer, prompts[lo:hi], trainer.sampling, device=trainer.device, uniforms=uniforms[lo:hi])
         responses = trainer.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)

@@ -34,7 +34,7 @@ def save_trainer_checkpoint(trainer) -> Path:
             tensors["critic"] = trainer.bare(trainer.critic).state_dict()
         objects = {"optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict()}
         state = {
-            "iteration": trainer.iteration, "bad_updates": trainer.bad_updates, "kl_ctl": trainer.kl_ctl.state_dict(),
+            "iteration": trainer.iteration, "bad_updates": trainer.health.bad_updates, "kl_ctl": trainer.kl_ctl.state_dict(),
             "penalty_ctl": trainer.penalty_ctl.state_dict() if trainer.penalty_ctl is not None else None,
             "prompts": trainer.prompt_stream.state_dict(), **generators,
             "history": trainer.history, "config": trainer.config.to_dict(), "run_id": trainer.run_id,
@@ -91,7 +91,7 @@ def load_trainer_checkpoint(trainer, where: str | Path) -> Path:
             f"PPOConfig.total_iterations = {trainer.config.total_iterations} is below the iteration of checkpoint {str(path)!r} "
             f"({state['iteration']}): there is nothing to resume; set total_iterations above {state['iteration']}"
         )
-    trainer.iteration, trainer.bad_updates, trainer.history = state["iteration"], state["bad_updates"], state["history"]
+    trainer.iteration, trainer.health.bad_updates, trainer.history = state["iteration"], state["bad_updates"], state["history"]
     trainer.prompt_stream.load_state_dict(state["prompts"])
     restore_random_state(tensors["rng"], state)
     return path

@@ -102,7 +102,7 @@ def sampled_preference_pairs(model, tokenizer, prompts: list[str], reward_fn, n:
     labelled by `bradley_terry_labels` on `reward_fn`'s scores: the preference data of an RLHF
     run, with a known gold reward behind it. Only responses that ended with EOS are paired (a
     reward model and DPO read them as complete texts); each pair keeps its label's probability."""
-    from .rollout import Sampling, generate
+    from .sampling import Sampling, generate
 
     g = torch.Generator().manual_seed(seed)
     sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, stop_ids=(tokenizer.eos_token_id,))

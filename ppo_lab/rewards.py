@@ -59,6 +59,37 @@ def check_scores(scores, n: int, source: str = "the reward function", finite: bo
     return tensor
 
 
+class GoldReward:
+    """A second reward, measured and never trained on (chapter 8): `fn(prompts, responses) ->
+    scores`, or None for none. With a learned reward model as the trained reward and the reward
+    its preference labels came from as the gold one, a run shows over-optimisation: the trained
+    score rising while the gold one falls. The trainer calls it unconditionally; without a gold
+    reward it measures nothing."""
+
+    def __init__(self, fn: RewardFn | None = None):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"gold_fn must be a callable (prompts, responses) -> scores, got {type(fn).__name__}")
+        self.fn = fn
+
+    def scores(self, prompts: Sequence[str], responses: Sequence[str]) -> torch.Tensor:
+        """(B,) the gold scores of these responses, checked (finite)."""
+        return check_scores(self.fn(prompts, responses), len(prompts), "gold_fn")
+
+    def rollout_metrics(self, prompts: Sequence[str], responses: Sequence[str], mean_over_processes) -> dict[str, float]:
+        """{"reward/gold_mean": the mean gold score of every process's responses} (equal shares per
+        process; `mean_over_processes` averages a 0-dim tensor over them), or {} without a gold reward."""
+        if self.fn is None:
+            return {}
+        return {"reward/gold_mean": mean_over_processes(self.scores(prompts, responses).double().mean()).item()}
+
+    def annotate(self, samples: list[dict], prompts: Sequence[str], responses: Sequence[str]) -> list[dict]:
+        """`samples` (one dict per response), each with its "gold" score added when there is a gold reward."""
+        if self.fn is not None:
+            for sample, gold in zip(samples, self.scores(prompts, responses).tolist()):
+                sample["gold"] = gold
+        return samples
+
+
 def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, label_index: int = -1) -> torch.Tensor:
     """(N,) float32 scores of a sequence-classification model, read at each row's last real token.
 
@@ -214,7 +245,7 @@ def takes_ended(reward_fn) -> bool:
 def score_responses(reward_fn, prompts: list[str], responses: list[str], sample, by_ids: bool):
     """Call the reward the way it can be called best: with the sampled ids (`by_ids`, from
     `reads_token_ids`), with the texts and `ended`, or with the texts alone. `sample` is the
-    `rollout.Sample` the responses came from. Returns what the reward returned."""
+    `sampling.Sample` the responses came from. Returns what the reward returned."""
     if by_ids:
         return reward_fn.score_ids(sample.query_ids, sample.query_mask, sample.response_ids, sample.mask, sample.ended)
     if takes_ended(reward_fn):

@@ -307,7 +307,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(tiny_path, tmp
     assert ro.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     # the rows are the rollouts' own: the prompts match their tokens, and the log-probs the tokens
     _, advantages, returns = trainer.advantages(ro)
-    trainer._modes(training=True)
+    trainer.set_training(True)
     _, m = trainer.minibatch_loss(ro, torch.arange(8), advantages, returns)
     assert abs(m["policy/ratio_min"].item() - 1) < 1e-5 and abs(m["policy/ratio_max"].item() - 1) < 1e-5
     ids = trainer.tokenizer(ro.prompts, add_special_tokens=False)["input_ids"]
@@ -377,28 +377,14 @@ def test_overlong_penalty_and_filter_reach_the_advantages(tiny_path, tmp_path):
 
 @pytest.mark.parametrize("name", ["ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo"])
 def test_each_algorithm_preset_trains_evaluates_saves_and_resumes(tiny_path, tmp_path, name):
-    import dataclasses
-
-    from conftest import stable
+    from conftest import train_evaluate_resume
     from ppo_lab import PPOConfig
     from ppo_lab.config import ALGORITHM_PRESETS
-    from ppo_lab.trainer import PPOTrainer
 
     assert name in ALGORITHM_PRESETS
     cfg = PPOConfig.from_yaml(name, total_iterations=2, rollout_batch_size=16, minibatch_size=8, eval_interval=1, eval_prompts=4,
                               save_interval=1, progress_bar=False, output_dir=str(tmp_path / "run"))
-    trainer = PPOTrainer(cfg)
-    before = {n: p.detach().clone() for n, p in trainer.bare(trainer.policy).named_parameters()}
-    history = trainer.train()
-    assert [m["iteration"] for m in history] == [1, 2] and all(m["policy/steps"] >= 1 for m in history)
-    assert all(v == v for m in history for v in stable(m).values() if isinstance(v, float))
-    assert "eval/score_mean" in history[-1] and (tmp_path / "run" / "policy").is_dir()
-    now = dict(trainer.bare(trainer.policy).named_parameters())
-    assert any(not torch.equal(now[n], p) for n, p in before.items())
-    resumed = PPOTrainer(dataclasses.replace(cfg, resume_from="latest"))
-    assert resumed.iteration == 2
-    for a, b in zip(trainer.bare(trainer.policy).state_dict().values(), resumed.bare(resumed.policy).state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    train_evaluate_resume(cfg)
 
 
 # --- the bandit with a known gradient (chapter 10) -------------------------------------------
@@ -452,7 +438,7 @@ def test_the_trainer_normalises_seq_mean_token_sum_norm_by_the_budget_not_the_pa
     """Dr. GRPO's constant is the generation budget: a batch padded to 4 tokens, with a budget of
     10, is divided by 10 (the padded width changes from batch to batch)."""
     from ppo_lab import PPOConfig
-    from ppo_lab.losses import ppo_loss
+    from ppo_lab.objective import Objective
 
     cfg = PPOConfig(loss_agg="seq-mean-token-sum-norm", max_new_tokens=10, critic="none", advantage_estimator="dr_grpo",
                     responses_per_prompt=2, kl_in="loss", kl_coef=0.1, entropy_coef=0.01)
@@ -460,7 +446,7 @@ def test_the_trainer_normalises_seq_mean_token_sum_norm_by_the_budget_not_the_pa
     ref = old - 0.1
     entropy = torch.rand(4, 4, dtype=torch.float64)
     batch = {"mask": mask, "old_logprobs": old, "ref_logprobs": ref, "advantages": adv}
-    loss, metrics = ppo_loss(cfg, logprobs=lp, entropy=entropy, values=None, batch=batch, kl_coef=0.1, penalty_beta=0.0)
+    loss, metrics = Objective(cfg).loss(logprobs=lp, entropy=entropy, values=None, batch=batch, kl_coef=0.1, penalty_beta=0.0)
 
     def by(L):
         policy = clipped_policy_loss_ref(lp, old, adv, mask, L)

@@ -4,21 +4,19 @@ Every pair of values of the switches below appears together in at least one run 
 covering, from allpairspy, topped up where its greedy search misses a pair): a few dozen runs (`len(CASES)`) instead of the
 millions of the full product.
 Each run trains 2 iterations with evaluation and a checkpoint after each, then resumes from the
-last checkpoint, and must: take optimizer steps, change the trainable weights, keep every
-metric finite, start on-policy (the KL to the reference is 0 before the first update) and
-resume to the same weights. A combination `PPOConfig` refuses is left out (its error is tested
+last checkpoint, and must pass `conftest.train_evaluate_resume` (optimizer steps taken, the
+trainable weights changed, every metric finite, the same weights after resuming) and start
+on-policy (the KL to the reference is 0 before the first update, for the source of the old
+log-probs that the trainer's own rule picks). A combination `PPOConfig` refuses is left out (its error is tested
 in test_config.py).
 """
 
-import dataclasses
-
 import pytest
-import torch
 from allpairspy import AllPairs
 
-from conftest import small_config, stable
+from conftest import small_config, train_evaluate_resume
 from ppo_lab import PPOConfig
-from ppo_lab.trainer import PPOTrainer
+from ppo_lab.sampler import old_logprobs_source
 
 SWITCHES = {
     "critic": ["separate", "shared", "none"],
@@ -111,30 +109,15 @@ def test_the_cases_cover_every_valid_pair():
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_a_combination_trains_evaluates_saves_and_resumes(tiny_path, tmp_path, monkeypatch, case):
     monkeypatch.setattr("ppo_lab.build.COMPILE_BACKEND", "eager")  # see test_scale.py
-    cfg = small_config(tmp_path, **BASE, **case)
-    trainer = PPOTrainer(cfg)
-    trainable = {n: p.detach().clone() for n, p in trainer.bare(trainer.policy).named_parameters() if p.requires_grad}
-    history = trainer.train()
-    assert len(history) == 2 and all(m["train/skipped_updates"] == 0.0 for m in history)
-    assert all(m["policy/steps"] >= 1 for m in history)
-    for m in history:
-        bad = [k for k, v in stable(m).items() if isinstance(v, float) and v != v]
-        assert not bad, bad
-    now = dict(trainer.bare(trainer.policy).named_parameters())
-    assert [n for n, p in trainable.items() if torch.equal(now[n], p)] == []
+    trainer, history, _ = train_evaluate_resume(small_config(tmp_path, **BASE, **case))
     # on-policy at the start: the reference is the initial policy. Log-probs from the sampling
     # loop's cached bf16 forward differ from a full forward by ~1e-2 nats (why "auto" avoids them).
     # A sampler that differs from the trainer (sampler_noise) puts its gap into the old log-probs
     # when they come from sampling (the bypass form); auto then picks the trainer's forward.
-    differs = case["sampler_noise"] > 0 or case["rollout_correction"] != "none"
-    from_sampling = case["old_logprobs"] == "sampling" or (case["old_logprobs"] == "auto" and case["precision"] == "fp32" and not differs)
-    if not from_sampling:
+    source = old_logprobs_source(case["old_logprobs"], case["precision"], case["sampler_noise"] > 0, case["rollout_correction"])
+    assert source == trainer.sampler.old_logprobs_from
+    if source == "forward":
         assert history[0]["objective/kl"] == 0.0  # the same forward as the reference's
     else:
         assert abs(history[0]["objective/kl"]) < (0.5 if case["precision"] == "bf16" or case["sampler_noise"] > 0 else 1e-4)
     assert trainer.evaluate(2)
-    resumed = PPOTrainer(dataclasses.replace(cfg, resume_from="latest"))
-    assert resumed.iteration == 2 and resumed.kl_ctl.value == trainer.kl_ctl.value
-    assert (resumed.score_gain, resumed.score_bias) == (trainer.score_gain, trainer.score_bias)
-    for (name, a), b in zip(trainer.bare(trainer.policy).state_dict().items(), resumed.bare(resumed.policy).state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)

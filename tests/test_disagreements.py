@@ -10,7 +10,7 @@ import torch
 
 from conftest import SEEDS, random_mask, scribble, small_config
 from ppo_lab import PPOConfig
-from ppo_lab.disagreements import DECISIONS, OTHER_CHOICES, dropout_on, gae_over_padding, k3_clamped, k3_exp_minus_one, score_past_last, whiten_with_padding
+from ppo_lab.disagreements import DECISIONS, OTHER_CHOICES, Choices, dropout_on, gae_over_padding, k3_clamped, k3_exp_minus_one, score_past_last, whiten_with_padding
 from ppo_lab.gae import compute_gae
 from ppo_lab.kl import kl_penalty
 from ppo_lab.shaping import shape_rewards
@@ -118,10 +118,10 @@ def test_each_other_choice_trains_evaluates_checkpoints_and_changes_what_it_shou
     # after training: the critic's head starts at zero, so its values on padding are 0 before it
     ro = trainer.rollout(trainer.train_prompts[:8])
     shaped, advantages, _ = trainer.advantages(ro)
-    ours = trainer.reproduce
-    trainer.reproduce = ()
+    ours = trainer.objective.choices
+    trainer.objective.choices = Choices()  # ppo_lab's own choice at every decision
     shaped0, advantages0, _ = trainer.advantages(ro)
-    trainer.reproduce = ours
+    trainer.objective.choices = ours
     real = ro.mask.bool()
     if choice == "score-past-last":
         assert not torch.allclose(shaped, shaped0)

@@ -91,7 +91,7 @@ def test_bradley_terry_labels_have_the_model_frequencies():
 
 def test_sequence_logprobs_sum_the_token_logprobs(tiny_path):
     from ppo_lab.models import load_policy, load_tokenizer
-    from ppo_lab.rollout import Sampling, generate
+    from ppo_lab.sampling import Sampling, generate
 
     tok, lm = load_tokenizer("builtin:tiny"), load_policy("builtin:tiny")
     s = generate(lm, tok, ["the movie was", "it is"], Sampling(max_new_tokens=8, temperature=0.8, stop_ids=(tok.eos_token_id,)), with_logprobs=True)
@@ -129,7 +129,7 @@ def test_reward_and_kl_against_a_row_by_row_reference(tiny_path):
     reward's mean on the decoded texts; the reference measured against itself has KL 0."""
     from ppo_lab.dpo import reward_and_kl
     from ppo_lab.models import load_policy, load_tokenizer
-    from ppo_lab.rollout import Sampling, generate
+    from ppo_lab.sampling import Sampling, generate
 
     tok, ref = load_tokenizer("builtin:tiny"), load_policy("builtin:tiny")
     lm = load_policy("builtin:tiny")

@@ -217,7 +217,7 @@ def test_nan_gradients_skip_the_optimizer_step(tiny_path, tmp_path):
     with pytest.warns(RuntimeWarning, match=r"non-finite gradients \(policy/grad_norm: nan; non-finite: .*loss/policy"):
         metrics = trainer.step()
     hook.remove()
-    assert metrics["train/skipped_updates"] == 1.0 and trainer.bad_updates == 1
+    assert metrics["train/skipped_updates"] == 1.0 and trainer.health.bad_updates == 1
     after = trainer.accelerator.unwrap_model(trainer.policy).state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
     assert not trainer.optimizer.state  # AdamW never took a step

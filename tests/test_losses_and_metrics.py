@@ -7,7 +7,7 @@ import ppo_lab
 from ppo_lab.losses import POLICY_LOSSES, get_policy_loss, register_policy_loss
 from ppo_lab.metrics import rollout_metrics
 from ppo_lab.models import causal_mean_pool
-from ppo_lab.rollout import Sampling
+from ppo_lab.sampling import Sampling
 
 
 def test_the_registry_holds_the_policy_losses_and_names_the_valid_ones():

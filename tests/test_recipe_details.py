@@ -11,8 +11,9 @@ import torch
 
 from conftest import small_config
 from ppo_lab.masked import masked_whiten, response_mask
+from ppo_lab.objective import Objective
 from ppo_lab.rewards import SequenceClassifierReward, encode_pairs, sequence_scores
-from ppo_lab.rollout import Sampling, generate
+from ppo_lab.sampling import Sampling, generate
 from ppo_lab.shaping import adjust_scores, reference_normalization, shape_rewards
 from ppo_lab.trainer import PPOTrainer
 
@@ -181,7 +182,7 @@ def test_per_model_clipping_leaves_the_policy_gradient_alone(tiny_path, tmp_path
         for p in critic_params:
             p.grad *= k_critic
         before = [p.grad.clone() for p in policy_params]
-        metrics = trainer.clip_gradients(policy_params + critic_params)
+        metrics = trainer.stepper.clip_gradients()
         norms[scope] = (metrics, scale(policy_params).item(), scale(critic_params).item())
         if scope == "per-model":
             assert all(torch.equal(p.grad, b) for p, b in zip(policy_params, before))
@@ -272,7 +273,7 @@ def test_the_trainer_scores_at_the_sampled_eos(eos_reward_model, tmp_path):
 
 
 def _sample_of(ro):
-    from ppo_lab.rollout import Sample
+    from ppo_lab.sampling import Sample
 
     return Sample(ro.query_ids, ro.query_mask, ro.response_ids, ro.mask, ro.has_eos)
 
@@ -465,6 +466,7 @@ def test_vf_coef_weighs_the_value_loss(tiny_path, tmp_path):
     losses = {}
     for c in (0.1, 0.5):
         trainer.config = dataclasses.replace(trainer.config, vf_coef=c)
+        trainer.objective = Objective(trainer.config)  # where the config meets the loss
         loss, metrics = trainer.minibatch_loss(ro, idx, adv, ret)
         losses[c] = (loss.item(), metrics["loss/policy"].item(), metrics["loss/value"].item())
     (l1, p1, v1), (l5, p5, v5) = losses[0.1], losses[0.5]
@@ -541,6 +543,7 @@ def test_entropy_coef_subtracts_the_entropy_bonus(tiny_path, tmp_path):
     _, adv, ret = trainer.advantages(ro)
     plain, _ = trainer.minibatch_loss(ro, torch.arange(8), adv, ret)
     trainer.config = dataclasses.replace(trainer.config, entropy_coef=0.01)
+    trainer.objective = Objective(trainer.config)  # where the config meets the loss
     bonus, metrics = trainer.minibatch_loss(ro, torch.arange(8), adv, ret)
     assert metrics["loss/entropy"].item() > 0
     assert bonus.item() - plain.item() == pytest.approx(-0.01 * metrics["loss/entropy"].item(), rel=1e-4)

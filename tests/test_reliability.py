@@ -121,7 +121,7 @@ def test_weights_that_become_nan_stop_the_run_and_nothing_is_saved(tiny_path, tm
         step(*args, **kwargs)
         if trainer.iteration == 1:  # during the second iteration's update
             with torch.no_grad():
-                next(iter(trainer._trained_parameters())).fill_(float("inf"))
+                next(iter(trainer.trained_parameters())).fill_(float("inf"))
 
     monkeypatch.setattr(trainer.optimizer, "step", poisoned_step)
     with pytest.raises(NonFiniteError, match=r"iteration 2: the weights are nan or inf after the update .*the final policy is not saved; the newest checkpoint is .*checkpoint-000001"):
@@ -146,7 +146,7 @@ def test_sampling_from_nan_logits_is_an_error(tiny_path, tmp_path):
 
 def test_masked_vocabulary_logits_are_not_an_error():
     # -inf logits are how models forbid tokens; only nan, +inf or a row with nothing finite is refused
-    from ppo_lab.rollout import Sampling, generate
+    from ppo_lab.sampling import Sampling, generate
     from ppo_lab.models import load_policy, load_tokenizer
     from ppo_lab.tiny import tiny_model_path
 
@@ -489,21 +489,31 @@ def test_a_collapse_warns_once_when_it_begins_and_again_at_every_save_until_it_e
 
 
 def test_a_learning_rate_that_collapses_the_policy_is_named_and_its_saves_say_so(tiny_path, tmp_path):
+    """A learning rate of 0.3 collapses the tiny policy within a few iterations. When it happens
+    depends on the machine's floats (iteration 3 to 8 over seeds 0-4, on two instruction sets),
+    and a policy may recover and collapse again, so the run goes one iteration at a time up to
+    the first collapse, and what is saved then is checked."""
     import warnings
 
-    cfg = small_config(tmp_path, learning_rate=0.3, total_iterations=6, save_interval=1, keep_checkpoints=10, max_new_tokens=6)
+    cfg = small_config(tmp_path, learning_rate=0.3, total_iterations=16, save_interval=1, keep_checkpoints=20, max_new_tokens=6)
+    trainer = PPOTrainer(cfg)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history = PPOTrainer(cfg).train()
+        while trainer.iteration < cfg.total_iterations and not any("the policy has collapsed" in str(w.message) for w in caught):
+            trainer.train(1)
+        start = trainer.iteration
+        trainer.save(tmp_path / "collapsed")
     notes = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     onsets = [n for n in notes if "the policy has collapsed" in n]
-    assert len(onsets) == 1, notes
-    start = int(onsets[0].split(":")[0].split()[-1])
-    assert min(h["objective/entropy"] for h in history[start - 1 :]) < 1e-3 or history[start - 1]["response/length_mean"] == 1.0
-    assert f"the newest checkpoint from before the collapse is '{tmp_path / 'run' / 'checkpoints' / f'checkpoint-{start - 1:06d}'}'" in onsets[0]
+    assert len(onsets) == 1 and onsets[0].startswith(f"iteration {start}: the policy has collapsed"), notes
+    last = trainer.history[-1]
+    assert last["objective/entropy"] < 1e-3 or (last["response/length_mean"] <= 1 and last["reward/eos_fraction"] == 1)
+    before = tmp_path / "run" / "checkpoints" / f"checkpoint-{start - 1:06d}"
+    assert f"the newest checkpoint from before the collapse is '{before}'" in onsets[0]
     saves = [n for n in notes if "holds a collapsed policy" in n]
-    assert any(n.startswith(f"the policy saved to '{tmp_path / 'run' / 'policy'}' at iteration 6") for n in saves), notes
-    assert (tmp_path / "run" / "policy").is_dir()  # saved, and said to be collapsed
+    assert any(n.startswith(f"the checkpoint written at iteration {start} holds") for n in saves), notes
+    assert any(n.startswith(f"the policy saved to '{tmp_path / 'collapsed'}' at iteration {start} holds") for n in saves), notes
+    assert (tmp_path / "collapsed").is_dir()  # saved, and said to be collapsed
 
 
 def test_an_unknown_tracker_and_a_missing_policy_folder_name_their_field(tmp_path):

@@ -142,7 +142,7 @@ def test_the_weights_reach_the_loss(tiny_path, tmp_path):
     weights = ro.weights
     assert weights is not None and (weights[ro.mask == 1] == 0).float().mean() > 0.2
     _, advantages, returns = trainer.advantages(ro)
-    trainer._modes(training=True)
+    trainer.set_training(True)
     rows = torch.arange(len(ro))
     _, weighted = trainer.minibatch_loss(ro, rows, advantages, returns)
     m = ro.mask.float()
@@ -155,11 +155,11 @@ def test_the_weights_reach_the_loss(tiny_path, tmp_path):
 def test_the_sampler_copy_is_redrawn_each_iteration_and_the_same_for_the_same_seed(tiny_path, tmp_path):
     a = PPOTrainer(small_config(tmp_path / "a", sampler_noise=0.1))
     b = PPOTrainer(small_config(tmp_path / "b", sampler_noise=0.1))
-    first = [p.clone() for p in a.sampler().parameters()]
-    assert all(torch.equal(x, y) for x, y in zip(first, b.sampler().parameters()))
+    first = [p.clone() for p in a.sampler.model(a.lm, a.iteration).parameters()]
+    assert all(torch.equal(x, y) for x, y in zip(first, b.sampler.model(b.lm, b.iteration).parameters()))
     assert not all(torch.equal(x, y) for x, y in zip(first, a.lm.parameters()))
     a.iteration += 1
-    assert not all(torch.equal(x, y) for x, y in zip(first, a.sampler().parameters()))
+    assert not all(torch.equal(x, y) for x, y in zip(first, a.sampler.model(a.lm, a.iteration).parameters()))
 
 
 def test_the_expected_logit_gradient_matches_sampling_and_is_unbiased_with_full_weights():

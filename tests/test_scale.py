@@ -209,7 +209,7 @@ def _emulate_fp16_loss_scaling(trainer, scaler):
 
     trainer.accelerator.scaler = scaler
     trainer.accelerator.unscale_gradients = lambda optimizer=None: scaler.unscale_(trainer.optimizer.optimizer)
-    trainer.optimizer = AcceleratedOptimizer(trainer.optimizer.optimizer, device_placement=False, scaler=scaler)
+    trainer.optimizer = trainer.stepper.optimizer = AcceleratedOptimizer(trainer.optimizer.optimizer, device_placement=False, scaler=scaler)
 
 
 def test_fp16_overflow_lowers_the_loss_scale_and_training_goes_on(tiny_path, tmp_path):
@@ -225,7 +225,7 @@ def test_fp16_overflow_lowers_the_loss_scale_and_training_goes_on(tiny_path, tmp
         metrics = trainer.step()
     assert metrics["train/overflow_steps"] == 1.0
     assert metrics["policy/steps"] == 2 * (16 // 8) - 1  # every other minibatch stepped
-    assert metrics["train/skipped_updates"] == 0.0 and trainer.bad_updates == 0
+    assert metrics["train/skipped_updates"] == 0.0 and trainer.health.bad_updates == 0
     assert scaler.get_scale() == 2.0**9  # halved once, by the overflow
     assert all(v == v for v in stable(metrics).values())
 
@@ -276,4 +276,4 @@ def test_fp16_iteration_where_every_step_overflows_is_not_an_error(tiny_path, tm
     next(p for p in trainer.lm.parameters() if p.requires_grad).register_hook(lambda g: torch.full_like(g, float("inf")))
     metrics = trainer.step()
     assert metrics["policy/steps"] == 0.0 and metrics["train/overflow_steps"] == 2 * (16 // 8)
-    assert trainer.penalty_ctl.value == beta and trainer.bad_updates == 0
+    assert trainer.penalty_ctl.value == beta and trainer.health.bad_updates == 0

@@ -18,7 +18,7 @@ def _grad_norms_at_step(trainer):
     step = trainer.optimizer.step
 
     def spy(*args, **kwargs):
-        grads = [p.grad for p in trainer._trained_parameters() if p.grad is not None]
+        grads = [p.grad for p in trainer.trained_parameters() if p.grad is not None]
         seen.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
         return step(*args, **kwargs)
 
@@ -45,7 +45,7 @@ def test_whitening_normalises_the_advantages_the_update_uses(tiny_path, tmp_path
     trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, whiten_advantages=whiten))
     ro = trainer.rollout(trainer.next_prompts())
     rewards, advantages, returns = trainer.advantages(ro)
-    raw, _ = trainer.estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=trainer.config.gamma, lam=trainer.config.lam)
+    raw, _ = trainer.objective.estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=trainer.config.gamma, lam=trainer.config.lam)
     if whiten:
         assert abs(masked_mean(advantages, ro.mask).item()) < 1e-5
         assert masked_var(advantages, ro.mask).item() == pytest.approx(1.0, abs=1e-3)
@@ -66,7 +66,7 @@ def test_lora_dropout_is_switched_off_so_the_first_step_is_on_policy(tiny_path, 
     assert dropouts and all(m.p == 0.0 for m in dropouts)
     ro = trainer.rollout(trainer.next_prompts())
     _, advantages, returns = trainer.advantages(ro)
-    trainer._modes(training=True)
+    trainer.set_training(True)
     _, metrics = trainer.minibatch_loss(ro, torch.arange(8), advantages, returns)
     # old log-probs from the sampling loop: equal up to fp32 round-off (dropout 0.3 gives ~1e-2)
     assert metrics["policy/approx_kl"].item() < 1e-9 and abs(metrics["policy/ratio_max"].item() - 1.0) < 1e-5

@@ -92,7 +92,7 @@ def test_log_probs_and_values_from_the_sampling_loop_match_a_forward(tiny_path, 
     the sampling loop; they agree with a full forward to float32 round-off, so the first step
     is on-policy to ~1e-6."""
     trainer = PPOTrainer(small_config(tmp_path, critic=critic))
-    assert trainer.old_logprobs_from == "sampling"
+    assert trainer.sampler.old_logprobs_from == "sampling"
     if critic == "shared":  # a head that is not zero, so the values say something
         torch.nn.init.normal_(trainer.accelerator.unwrap_model(trainer.policy).v_head.weight)
     ro = trainer.rollout(trainer.next_prompts())
@@ -276,23 +276,23 @@ def test_gradient_accumulation_leaves_the_gradient_unchanged(tiny_path, tmp_path
     assert len(runs[1]) == len(runs[2]) > 1
     for one, two in zip(runs[1], runs[2]):
         torch.testing.assert_close(two, one, rtol=1e-4, atol=1e-6)
-    monkeypatch.setattr(ppo_lab.trainer, "micro_batch_weight", lambda micro, minibatch, loss_agg, processes: 1.0 / 2)
+    monkeypatch.setattr(ppo_lab.optimizer_step, "micro_batch_weight", lambda micro, minibatch, loss_agg, processes: 1.0 / 2)
     local = _step_gradients(small_config(tmp_path / "local", total_iterations=1, gradient_accumulation_steps=2, target_kl=None))
     assert (local[0] - runs[1][0]).abs().max() > 1e-3 * runs[1][0].abs().max()
 
 
 @pytest.mark.parametrize("every", [1, 3])
 def test_reading_the_stop_flags_back_less_often_samples_the_same_responses(tiny_path, tmp_path, monkeypatch, every):
-    import ppo_lab.rollout as rollout
+    import ppo_lab.sampling as sampling
 
     trainer = PPOTrainer(small_config(tmp_path, max_new_tokens=12))
     prompts = trainer.next_prompts()
     uniforms = torch.rand(len(prompts), 12, generator=torch.Generator().manual_seed(0))
-    sample = lambda: rollout.generate(trainer.lm, trainer.tokenizer, prompts, trainer.sampling, uniforms=uniforms, with_logprobs=True)  # noqa: E731
+    sample = lambda: sampling.generate(trainer.lm, trainer.tokenizer, prompts, trainer.sampling, uniforms=uniforms, with_logprobs=True)  # noqa: E731
     usual = sample()
-    monkeypatch.setattr(rollout, "READ_BACK_EVERY", every)
+    monkeypatch.setattr(sampling, "READ_BACK_EVERY", every)
     other = sample()
     assert usual.response_ids.shape[1] < 12  # every response stopped before the last token, so the cut matters
     for name in ("response_ids", "mask", "ended", "old_logprobs", "entropy"):
         torch.testing.assert_close(getattr(other, name), getattr(usual, name), rtol=0, atol=0, msg=name)
-    assert rollout.generate(trainer.lm, trainer.tokenizer, prompts, trainer.sampling, uniforms=uniforms, with_logprobs=True, with_entropy=False).entropy is None
+    assert sampling.generate(trainer.lm, trainer.tokenizer, prompts, trainer.sampling, uniforms=uniforms, with_logprobs=True, with_entropy=False).entropy is None

@@ -14,7 +14,7 @@ from ppo_lab.trainer import PPOTrainer
 
 
 def _weights(trainer):
-    return [p.detach().clone() for p in trainer._trained_parameters()]
+    return [p.detach().clone() for p in trainer.trained_parameters()]
 
 
 @pytest.mark.parametrize("value_clip", [0.2, None])
@@ -33,10 +33,10 @@ def test_ppo_update_moves_the_weights_as_the_trainer_does(tmp_path, value_clip):
     assert any(not torch.equal(a, b) for a, b in zip(start, by_trainer)), "the trainer's update moved nothing"
 
     with torch.no_grad():
-        for p, w in zip(trainer._trained_parameters(), start):
+        for p, w in zip(trainer.trained_parameters(), start):
             p.copy_(w)
     trainer.optimizer.load_state_dict(opt_state)
-    trainer._modes(training=True)
+    trainer.set_training(True)
 
     def forward(rows):
         q, qm, r, m = ro.query_ids[rows], ro.query_mask[rows], ro.response_ids[rows], ro.mask[rows]
