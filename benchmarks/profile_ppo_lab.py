@@ -191,7 +191,9 @@ def instrument_ppo_lab(trainer, timers: Timers):
     objective_mod.adjust_scores = T("advantages/adjust_scores", objective_mod.adjust_scores)
     objective_mod.shape_rewards = T("advantages/shape_rewards", objective_mod.shape_rewards)
     trainer.objective.estimator = T("advantages/estimator (GAE)", trainer.objective.estimator)
-    objective_mod.masked_whiten = T("advantages/masked_whiten", objective_mod.masked_whiten)
+    import ppo_lab.disagreements as choices_mod  # advantage whitening goes through Choices.whiten
+
+    choices_mod.masked_whiten = T("advantages/masked_whiten", choices_mod.masked_whiten)
 
     # update ----------------------------------------------------------------------------------
     trainer.update = T("update", trainer.update)

@@ -1,6 +1,7 @@
 """Everything a run is made of, built from a `PPOConfig` (chapter 7): the accelerator, the prompts and the
 reward, the four models (policy, reference, critic, reward), the optimizer and its schedule,
-and the KL controllers. `PPOTrainer.__init__` is these calls in order.
+and the KL controllers. `PPOTrainer.__init__` makes these calls in order, then builds the objects
+its loop calls (`Objective`, `Sampler`, `OptimizerStep`, ...) from the same config.
 """
 
 from __future__ import annotations

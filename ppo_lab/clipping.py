@@ -54,8 +54,8 @@ def clipped_policy_loss(
         clip_eps_high: eps_high > 0, the upper clip range; None means clip_eps.
         dual_clip: c > 1 caps the loss of negative-advantage tokens at -c * A; None disables.
         loss_agg: loss aggregation mode (see `aggregate_loss`).
-        norm_length: the constant L of "seq-mean-token-sum-norm" (the trainer passes
-            max_new_tokens); None means T, the tensors' padded width.
+        norm_length: the constant L of "seq-mean-token-sum-norm" (`objective.Objective`
+            passes max_new_tokens); None means T, the tensors' padded width.
 
     Returns:
         loss: 0-dim tensor.

@@ -67,12 +67,11 @@ def gather_rollout(accelerator, parts: dict, pad_id: int) -> dict:
             out[key] = gather_object(value)
         elif value is None:
             out[key] = None
-        elif value.dtype == torch.bool:
-            out[key] = gather(accelerator, value.long()).bool()
-        elif rule is None:
-            out[key] = gather(accelerator, value)
         else:
-            out[key] = gather(accelerator, value, rule[0], pad_first=rule[1])
+            fill, front = rule if rule is not None else (0, False)
+            bool_ = value.dtype == torch.bool  # (gathered as integers)
+            gathered = gather(accelerator, value.long() if bool_ else value, fill, pad_first=front)
+            out[key] = gathered.bool() if bool_ else gathered
     return out
 
 

@@ -53,7 +53,7 @@ from .registry import Registry
 from .shaping import last_real_index
 
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-# The keywords the trainer passes to every estimator; each uses those it needs and ignores the rest.
+# The keywords `objective.Objective` passes to every estimator; each uses those it needs and ignores the rest.
 COMMON_KEYWORDS = ("values", "group_ids", "scores", "gamma", "lam")
 
 

@@ -6,10 +6,10 @@ settings. `Objective` is the one place that reads the one for the other, so that
 and no registry entry ever receives a config, and the trainer calls two methods whatever the
 recipe:
 
-    advantages(rollout)   scores adjusted (chapters 5, 8, 10), KL-shaped per-token rewards
+    advantages(ro, ...)   scores adjusted (chapters 5, 8, 10), KL-shaped per-token rewards
                           (chapter 5), the estimator (chapters 4, 10), whitening (chapter 4):
                           `scores`, `shape`, `estimate`, `normalise`
-    loss(...)             the registered policy loss with its settings, the value loss, the
+    loss(...)             the registered policy loss with its settings bound, the value loss, the
                           entropy bonus and the KL in the loss (`losses.ppo_loss`)
 
 The choices that Appendix A reproduces enter through `disagreements.Choices`, whose hooks are
@@ -36,14 +36,10 @@ class Objective:
     def __init__(self, config, choices: Choices | None = None):
         self.config = config
         self.choices = choices if choices is not None else Choices()
-        self.estimator = get_advantage_estimator(config.advantage_estimator)  # (Appendix A's choice may replace it per call)
-        # seq-mean-token-sum-norm divides by the generation budget, not by a batch's padded width
-        # (which is its longest response: sampling stops when every response has)
-        self.norm_length = float(config.max_new_tokens)
-        self.policy_loss = functools.partial(
-            get_policy_loss(config.policy_loss), clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high,
-            dual_clip=config.dual_clip, loss_agg=config.loss_agg, norm_length=self.norm_length,
-        )
+        # the registered functions, looked up once (Appendix A's choice may replace the estimator per call);
+        # every setting is read from `config` at each call, so a changed field takes effect at once
+        self.estimator = get_advantage_estimator(config.advantage_estimator)
+        self.policy_loss = get_policy_loss(config.policy_loss)
 
     def advantages(self, ro: Rollout, kl_coef: float, gain: float = 1.0, bias: float = 0.0):
         """(rewards, advantages, returns), each (B, T): the score on the last token minus the KL
@@ -106,8 +102,15 @@ class Objective:
         """The loss of one micro-batch and its metrics (`losses.ppo_loss`, with this run's
         settings); `kl_coef` and `penalty_beta` are the controllers' current values."""
         cfg = self.config
+        # seq-mean-token-sum-norm divides by the generation budget, not by a batch's padded width
+        # (which is its longest response: sampling stops when every response has)
+        norm_length = float(cfg.max_new_tokens)
+        policy_loss = functools.partial(
+            self.policy_loss, clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, dual_clip=cfg.dual_clip,
+            penalty_beta=penalty_beta, loss_agg=cfg.loss_agg, norm_length=norm_length,
+        )
         return ppo_loss(
-            functools.partial(self.policy_loss, penalty_beta=penalty_beta), logprobs=logprobs, entropy=entropy, values=values, batch=batch,
-            vf_coef=cfg.vf_coef, value_clip=cfg.value_clip, entropy_coef=cfg.entropy_coef, kl_coef=kl_coef if cfg.kl_in == "loss" else None,
-            kl_estimator=cfg.kl_estimator, loss_agg=cfg.loss_agg, norm_length=self.norm_length, train_policy=train_policy,
+            policy_loss, logprobs=logprobs, entropy=entropy, values=values, batch=batch, vf_coef=cfg.vf_coef, value_clip=cfg.value_clip,
+            entropy_coef=cfg.entropy_coef, kl_coef=kl_coef if cfg.kl_in == "loss" else None, kl_estimator=cfg.kl_estimator,
+            loss_agg=cfg.loss_agg, norm_length=norm_length, train_policy=train_policy,
         )

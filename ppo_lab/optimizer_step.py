@@ -1,7 +1,7 @@
 """One optimizer step per minibatch: its gradient, the clip, the target-KL stop, the step.
 
-Chapter 7 (The PPO trainer end to end) reads `OptimizerStep.step`; chapter 9 the micro-batches
-and processes behind `backward`. The trainer's update shuffles the rollout into minibatches and
+Chapter 7 (The PPO trainer end to end) reads `OptimizerStep.step`; chapter 9 (Scaling up)
+explains the micro-batches and processes behind `backward`. The trainer's update shuffles the rollout into minibatches and
 hands each one to `step`, which
 
 1. accumulates the minibatch's gradient over micro-batches (`backward`): each process takes its
@@ -36,6 +36,9 @@ class OptimizerStep:
         loss_agg: the loss aggregation (it decides each micro-batch's weight).
         max_grad_norm, clip_scope: the clip (None: no clip) and its scope, "global" or "per-model".
         target_kl: the early-stop threshold on the minibatch's approx KL (None: off).
+
+    The settings are read when the step is built (with the trainer): build a new trainer to
+    change them.
     """
 
     def __init__(self, accelerator, optimizer, scheduler, models, *, minibatch_size: int, accumulation: int, loss_agg: str,
@@ -60,7 +63,8 @@ class OptimizerStep:
         norm = torch.stack(list(grad_norms.values())).norm()  # finite iff every one is
         # Early stop: this minibatch's approx KL, measured before its step, says how far the steps
         # so far moved the policy from the one that sampled the batch. The first minibatch is
-        # on-policy (KL 0), so one step is always taken.
+        # on-policy (KL 0) when pi_old is the trainer's own fp32 forward, so one step is then always
+        # taken (not so when `reproduce` or a sampler that differs makes the rollout off-policy).
         kl = torch.zeros_like(norm)
         if self.target_kl is not None and step_metrics.get("policy/approx_kl"):
             kl = dist.mean_over_processes(self.accelerator, torch.stack([v.float() for v in step_metrics["policy/approx_kl"]]).mean())

@@ -8,8 +8,10 @@ weights of `rollout_correction`). On one machine the sampler is the policy itsel
 experiment switches make it differ: `sampler_noise` samples from a perturbed copy of the
 weights, `sampler_precision` from a bfloat16 forward of an fp32 trainer.
 
-`Sampler` holds those choices, so the trainer's rollout always calls the same four methods
-(`model`, `autocast`, `weights`, `metrics`), whatever the configuration.
+`Sampler` holds those choices, so the trainer always makes the same calls, whatever the
+configuration: the rollout asks it where pi_old comes from (`from_sampling`, `value_head`), for
+the model that samples (`model`, under `autocast`) and for the correction `weights`; the
+iteration's log asks for the gap `metrics`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import copy
 import torch
 
 from .build import draws
+from .models import PolicyWithValueHead
 from .rollout_correction import correction_weights, gap_metrics
 
 
@@ -76,7 +79,7 @@ class Sampler:
         """The value head of `policy` (a bare policy; a shared critic's), when the values can be read
         off the sampling loop's hidden states with pi_old; else None: the values then come from
         a forward (a sampler that differs from the trainer has no value head of its own)."""
-        return getattr(policy, "v_head", None) if self.from_sampling and not self.differs else None
+        return policy.v_head if self.from_sampling and not self.differs and isinstance(policy, PolicyWithValueHead) else None
 
     def model(self, lm, iteration: int):
         """The model that samples at `iteration`: `lm` itself, or (noise > 0) its copy with every

@@ -272,7 +272,7 @@ class PPOTrainer:
     def mean_over_processes(self, value: torch.Tensor) -> torch.Tensor:
         return dist.mean_over_processes(self.accelerator, value.to(self.device))  # (itself on one process)
 
-    # --- one iteration: the four phases, then its log -------------------------------------------
+    # --- 5. one iteration: phases 1-4, then its log ------------------------------------------
     def step(self) -> dict[str, float]:
         """One PPO iteration; returns its metrics (fixed names, see the README).
 

@@ -15,6 +15,7 @@ from ppo_lab.batch import PER_RESPONSE, TEXT, Rollout, cat_rollouts, padding
 from ppo_lab.disagreements import Choices, gae_over_padding, score_past_last, whiten_with_padding
 from ppo_lab.dynamic_sampling import DynamicSampling, OneRollout, collector
 from ppo_lab.masked import masked_whiten
+from ppo_lab.models import PolicyWithValueHead
 from ppo_lab.rewards import GoldReward
 from ppo_lab.sampler import Sampler, old_logprobs_source
 
@@ -48,6 +49,7 @@ def test_cat_rollouts_pads_by_the_rule_and_keeps_every_row(gen):
     assert out.response_ids.shape == (4, 5) and out.query_ids.shape == (4, 4)
     assert torch.equal(out.query_ids[:3, 2:], a.query_ids[[0, 1, 3]]) and (out.query_ids[:3, :2] == 9).all()  # at the front
     assert torch.equal(out.response_ids[:3, :3], a.response_ids[[0, 1, 3]]) and (out.response_ids[:3, 3:] == 9).all()  # at the back
+    assert (out.query_mask[:3, :2] == 0).all() and (out.query_mask[:3, 2:] == 1).all()
     assert (out.mask[:3, 3:] == 0).all() and out.values is None
     assert out.prompts == ["p0", "p1", "p3", "p1"] and out.group_ids.tolist() == [0, 0, 1, 2]  # groups kept apart
 
@@ -92,9 +94,13 @@ def test_the_sampler_adds_nothing_when_it_is_the_trainer(gen):
     mask = random_mask(3, 4, gen)
     lp = torch.randn(3, 4, generator=gen)
     assert plain.weights(lp, lp, mask) is None and plain.metrics(lp, lp, mask, None) == {}
-    assert plain.value_head(type("P", (), {"v_head": "head"})()) == "head"
+    shared = PolicyWithValueHead.__new__(PolicyWithValueHead)  # (a shared critic's policy; no LM needed here)
+    torch.nn.Module.__init__(shared)
+    shared.v_head = torch.nn.Linear(2, 1)
+    assert plain.value_head(shared) is shared.v_head
+    assert plain.value_head(type("P", (), {"v_head": "head"})()) is None  # only a PolicyWithValueHead's head
     noisy = Sampler(lm, seed=0, noise=0.1, correction="tis")
-    assert noisy.differs and noisy.old_logprobs_from == "forward" and noisy.value_head(type("P", (), {"v_head": "head"})()) is None
+    assert noisy.differs and noisy.old_logprobs_from == "forward" and noisy.value_head(shared) is None
     torch.testing.assert_close(noisy.weights(lp, lp, mask), mask.float())  # no gap: weight 1 on every real token
     metrics = noisy.metrics(lp, lp, mask, noisy.weights(lp, lp, mask))
     assert set(metrics) == {"sampler/kl", "sampler/ess", "sampler/corrected_frac"} and float(metrics["sampler/kl"]) == 0.0

@@ -466,7 +466,7 @@ def test_vf_coef_weighs_the_value_loss(tiny_path, tmp_path):
     losses = {}
     for c in (0.1, 0.5):
         trainer.config = dataclasses.replace(trainer.config, vf_coef=c)
-        trainer.objective = Objective(trainer.config)  # where the config meets the loss
+        trainer.objective = Objective(trainer.config, trainer.choices)  # where the config meets the loss
         loss, metrics = trainer.minibatch_loss(ro, idx, adv, ret)
         losses[c] = (loss.item(), metrics["loss/policy"].item(), metrics["loss/value"].item())
     (l1, p1, v1), (l5, p5, v5) = losses[0.1], losses[0.5]
@@ -543,7 +543,7 @@ def test_entropy_coef_subtracts_the_entropy_bonus(tiny_path, tmp_path):
     _, adv, ret = trainer.advantages(ro)
     plain, _ = trainer.minibatch_loss(ro, torch.arange(8), adv, ret)
     trainer.config = dataclasses.replace(trainer.config, entropy_coef=0.01)
-    trainer.objective = Objective(trainer.config)  # where the config meets the loss
+    trainer.objective = Objective(trainer.config, trainer.choices)  # where the config meets the loss
     bonus, metrics = trainer.minibatch_loss(ro, torch.arange(8), adv, ret)
     assert metrics["loss/entropy"].item() > 0
     assert bonus.item() - plain.item() == pytest.approx(-0.01 * metrics["loss/entropy"].item(), rel=1e-4)
