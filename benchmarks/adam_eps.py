@@ -19,7 +19,7 @@ SEEDS = (0, 1, 2)
 print("adam_eps  seed  approx_kl(it 1-3)  clipfrac(it 1-3)  score(it 8-10)")
 for eps in (1e-8, 1e-5):
     for seed in SEEDS:
-        _, history = train(total_iterations=10, seed=seed, adam_eps=eps, target_kl=None)
+        _, history = train({"run.iterations": 10, "run.seed": seed, "optim.adam_eps": eps, "optim.early_stop_kl": None})
         kl = statistics.mean(m["policy/approx_kl"] for m in history[:3])
         clip = statistics.mean(m["policy/clipfrac"] for m in history[:3])
         score = statistics.mean(m["reward/score_mean"] for m in history[-3:])

@@ -22,17 +22,22 @@ from ppo_lab.syncs import SyncCounter
 
 SHAPES = {
     "default": {},
-    "qwen-shape": dict(
-        critic="shared", max_new_tokens=32, stop_token=None, rollout_batch_size=64, minibatch_size=16,
-        gradient_accumulation_steps=2, ppo_epochs=2, lr_schedule="linear", warmup_steps=10, kl_coef=0.05, missing_eos_penalty=1.0,
-    ),
+    "qwen-shape": {
+        "critic.design": "shared", "sampling.max_new_tokens": 32, "sampling.stop_token": None,
+        "batch.rollout": 64, "batch.minibatch": 16, "batch.accumulation_steps": 2, "batch.epochs": 2,
+        "optim.schedule": "linear", "optim.warmup_steps": 10, "kl.coef": 0.05,
+        "reward.truncated_penalty": 1.0,
+    },
 }
 
 
 def count(shape: str, iterations: int = 3) -> dict:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as out:
-        cfg = PPOConfig(output_dir=out, progress_bar=False, eval_interval=0, total_iterations=iterations, **SHAPES[shape])
+        cfg = PPOConfig(**SHAPES[shape], **{
+                "run.output_dir": out, "run.progress_bar": False, "run.eval_interval": 0,
+                "run.iterations": iterations,
+            })
         trainer = PPOTrainer(cfg)
         trainer.step()  # the first iteration: warm-up, not counted
         rows = []

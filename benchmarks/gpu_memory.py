@@ -46,9 +46,9 @@ ROOT = HERE.parent
 
 CONFIGS = {
     "base": ("a", "ppo_lab_separate (gpu.py)", {}),
-    "chunk1024": ("b", "logprob_chunk_size = 1024", {"logprob_chunk_size": 1024}),
-    "ckpt": ("c", "gradient_checkpointing = True", {"gradient_checkpointing": True}),
-    "ga4": ("d", "gradient_accumulation_steps = 4", {"gradient_accumulation_steps": 4}),
+    "chunk1024": ("b", "memory.logprob_chunk = 1024", {"memory.logprob_chunk": 1024}),
+    "ckpt": ("c", "memory.gradient_checkpointing = True", {"memory.gradient_checkpointing": True}),
+    "ga4": ("d", "batch.accumulation_steps = 4", {"batch.accumulation_steps": 4}),
 }
 
 
@@ -104,21 +104,17 @@ def worker(args) -> None:
     tok.save_pretrained(tmp / "value")
     del value_model
 
-    fields = {f.name for f in dataclasses.fields(PPOConfig)}
-    extra = {}  # as ppo_lab_run.py does
-    if "ignore_eos" in fields:
-        extra["ignore_eos"] = True
-    if "target_kl" in fields:
-        extra["target_kl"] = None
-    extra["precision"] = w.precision
+    extra = {"sampling.ignore_eos": True, "optim.early_stop_kl": None, "memory.precision": w.precision}  # as ppo_lab_run.py does
     letter, _, overrides = CONFIGS[args.worker]
-    config = PPOConfig(
-        critic="separate", critic_model=str(tmp / "value"), reward=str(tmp / "reward"),
-        rollout_batch_size=w.batch, minibatch_size=w.batch // w.mini_batches, ppo_epochs=w.ppo_epochs,
-        max_new_tokens=w.response_length, learning_rate=w.lr, temperature=w.temperature, kl_coef=w.kl_coef,
-        total_iterations=args.updates, eval_interval=0, progress_bar=False, seed=w.seed, output_dir=str(tmp / "run"),
-        **extra, **overrides,
-    )
+    config = PPOConfig(**extra, **overrides, **{
+            "critic.design": "separate", "critic.model": str(tmp / "value"),
+            "reward.source": str(tmp / "reward"), "batch.rollout": w.batch,
+            "batch.minibatch": w.batch // w.mini_batches, "batch.epochs": w.ppo_epochs,
+            "sampling.max_new_tokens": w.response_length, "optim.lr": w.lr,
+            "sampling.temperature": w.temperature, "kl.coef": w.kl_coef, "run.iterations": args.updates,
+            "run.eval_interval": 0, "run.progress_bar": False, "run.seed": w.seed,
+            "run.output_dir": str(tmp / "run"),
+        })
     trainer = PPOTrainer(config, policy=policy, tokenizer=tok, train_prompts=texts)
     critic = trainer.accelerator.unwrap_model(trainer.critic)
     critic_shape = ModelShape.from_config(critic.backbone.config, params=sum(p.numel() for p in critic.parameters()))

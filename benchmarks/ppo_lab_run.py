@@ -106,17 +106,9 @@ def main(argv=None):
         wl.no_dropout(policy)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_ppo_lab_"))
-    fields = {f.name for f in dataclasses.fields(PPOConfig)}
-    if args.ignore_eos == "on" and "ignore_eos" not in fields:
-        raise SystemExit("this ppo_lab's PPOConfig has no ignore_eos field")
-    ignore_eos = "ignore_eos" in fields and args.ignore_eos != "off"
-    extra = {"ignore_eos": ignore_eos} if "ignore_eos" in fields else {}
-    if "target_kl" in fields:  # TRL has no early stop: every update runs all its epochs
-        extra["target_kl"] = None
-    if "precision" in fields:
-        extra["precision"] = args.precision
-    elif args.precision != "fp32":
-        raise SystemExit("this ppo_lab's PPOConfig has no precision field")
+    ignore_eos = args.ignore_eos != "off"
+    # TRL has no early stop: every update runs all its epochs
+    extra = {"sampling.ignore_eos": ignore_eos, "optim.early_stop_kl": None, "memory.precision": args.precision}
     reward_dir = tmp / "reward"
     reward_model = wl.make_reward_model(tok, args)
     n_matmul = {"policy": wl.matmul_params(policy), "reward": wl.matmul_params(reward_model)}
@@ -131,25 +123,16 @@ def main(argv=None):
         value_model.save_pretrained(critic_dir)
         tok.save_pretrained(critic_dir)
         del value_model
-        extra["critic_model"] = str(critic_dir)
+        extra["critic.model"] = str(critic_dir)
 
-    config = PPOConfig(
-        critic=args.critic,
-        reward=str(reward_dir),
-        rollout_batch_size=args.batch,
-        minibatch_size=args.batch // args.mini_batches,
-        ppo_epochs=args.ppo_epochs,
-        max_new_tokens=args.response_length,
-        learning_rate=args.lr,
-        temperature=args.temperature,
-        kl_coef=args.kl_coef,
-        total_iterations=args.updates + (1 if args.profile else 0),
-        eval_interval=0,
-        progress_bar=False,
-        seed=args.seed,
-        output_dir=str(tmp / "run"),
-        **extra,
-    )
+    config = PPOConfig(**extra, **{
+            "critic.design": args.critic, "reward.source": str(reward_dir), "batch.rollout": args.batch,
+            "batch.minibatch": args.batch // args.mini_batches, "batch.epochs": args.ppo_epochs,
+            "sampling.max_new_tokens": args.response_length, "optim.lr": args.lr,
+            "sampling.temperature": args.temperature, "kl.coef": args.kl_coef,
+            "run.iterations": args.updates + (1 if args.profile else 0), "run.eval_interval": 0,
+            "run.progress_bar": False, "run.seed": args.seed, "run.output_dir": str(tmp / "run"),
+        })
     trainer = PPOTrainer(config, policy=policy, tokenizer=tok, train_prompts=texts)
     opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     optimizer = f"{type(opt).__name__}(fused={opt.defaults.get('fused')}, foreach={opt.defaults.get('foreach')})"

@@ -46,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     wl.add_workload_args(p)
-    p.add_argument("--critic", choices=["separate", "shared", "both"], default="both")
+    p.add_argument("--critic.design", choices=["separate", "shared", "both"], default="both")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iterations", type=int, default=5, help="timed iterations (medians are reported)")
     p.add_argument("--cprofile", action="store_true", help="also run one iteration under cProfile")
@@ -127,24 +127,21 @@ def build_trainer(args, critic: str, tmp: Path):
     reward_dir = tmp / f"reward-{critic}"
     wl.make_reward_model(tok, args).save_pretrained(reward_dir)
     tok.save_pretrained(reward_dir)
-    extra = {}
-    if "ignore_eos" in {f.name for f in dataclasses.fields(PPOConfig)}:
-        extra["ignore_eos"] = True
-    if "target_kl" in {f.name for f in dataclasses.fields(PPOConfig)}:
-        extra["target_kl"] = None  # every update runs all its epochs, as in TRL
+    extra = {"sampling.ignore_eos": True, "optim.early_stop_kl": None}  # every update runs all its epochs, as in TRL
     if critic == "separate":
         critic_dir = tmp / "value"
         wl.make_value_model(tok, args).save_pretrained(critic_dir)
         tok.save_pretrained(critic_dir)
-        extra["critic_model"] = str(critic_dir)
-    config = PPOConfig(
-        critic=critic, reward=str(reward_dir), rollout_batch_size=args.batch,
-        minibatch_size=args.batch // args.mini_batches, ppo_epochs=args.ppo_epochs,
-        max_new_tokens=args.response_length, learning_rate=args.lr, temperature=args.temperature,
-        kl_coef=args.kl_coef, total_iterations=1000, eval_interval=0, progress_bar=False, seed=args.seed,
-        output_dir=str(tmp / f"run-{critic}"), **extra,
-    )
-    return PPOTrainer(config, policy=policy, tokenizer=tok, train_prompts=texts), bool(extra.get("ignore_eos"))
+        extra["critic.model"] = str(critic_dir)
+    config = PPOConfig(**extra, **{
+            "critic.design": critic, "reward.source": str(reward_dir), "batch.rollout": args.batch,
+            "batch.minibatch": args.batch // args.mini_batches, "batch.epochs": args.ppo_epochs,
+            "sampling.max_new_tokens": args.response_length, "optim.lr": args.lr,
+            "sampling.temperature": args.temperature, "kl.coef": args.kl_coef, "run.iterations": 1000,
+            "run.eval_interval": 0, "run.progress_bar": False, "run.seed": args.seed,
+            "run.output_dir": str(tmp / f"run-{critic}"),
+        })
+    return PPOTrainer(config, policy=policy, tokenizer=tok, train_prompts=texts), bool(extra.get("sampling.ignore_eos"))
 
 
 def instrument_ppo_lab(trainer, timers: Timers):

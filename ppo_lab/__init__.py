@@ -38,6 +38,8 @@ module                 what it holds                                   chapter
 `metrics`              rollout metrics and the health checks           7
 `run_output`           a run's folder: metrics, samples, final policy  7
 `config`, `cli`        `PPOConfig`, YAML and the command line          7
+`config_groups`        the config's groups (policy, optim, ...)        7
+`fields`               a setting's help, range and resume policy       7
 `plotting`             one rollout, drawn; the training dashboard      1, 7
 `reward_model`         Bradley-Terry reward models                     8
 `reference_norm`       the score's scale, fixed from the reference     8
@@ -112,7 +114,7 @@ _LAZY = {
 }
 
 
-_LAZY_MODULES = {"bandit", "batch", "book", "build", "checkpoint", "cli", "config", "disagreements", "distributed", "dpo", "hf", "lora", "losses", "memory", "metrics", "models", "objective", "optimizer_step", "plotting", "reference_norm", "registry", "resume", "reward_model", "rewards", "rollout", "run_output", "sampler", "sampling", "syncs", "tasks", "tiny", "trainer"}
+_LAZY_MODULES = {"bandit", "batch", "book", "build", "checkpoint", "cli", "config", "config_groups", "disagreements", "distributed", "dpo", "fields", "hf", "lora", "losses", "memory", "metrics", "models", "objective", "optimizer_step", "plotting", "reference_norm", "registry", "resume", "reward_model", "rewards", "rollout", "run_output", "sampler", "sampling", "syncs", "tasks", "tiny", "trainer"}
 
 
 def __getattr__(name):

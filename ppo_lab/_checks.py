@@ -16,7 +16,7 @@ import torch
 
 class NonFiniteError(RuntimeError):
     """A run met nan or inf where it cannot go on: too many updates skipped for non-finite
-    rewards, losses or gradients (`PPOConfig.max_bad_updates`), weights that became non-finite,
+    rewards, losses or gradients (`run.max_bad_updates`), weights that became non-finite,
     or a model whose logits are nan or inf. `metrics` holds the failed iteration's metrics
     when there are any (the trainer logs them before stopping)."""
 

@@ -29,7 +29,7 @@ class Rollout:
     values: torch.Tensor | None  # V(s_t) from the critic (None without one)
     entropy: torch.Tensor  # per-token entropy of pi_old
     scores: torch.Tensor  # (B,) raw scores from the reward
-    has_eos: torch.Tensor  # (B,) whether the response stopped by itself
+    ended: torch.Tensor  # (B,) whether the response stopped by itself
     group_ids: torch.Tensor  # (B,) index of the prompt each response answers
     sampler_logprobs: torch.Tensor | None = None  # log pi_s: the sampler's log-probs of the tokens (None if not kept)
     weights: torch.Tensor | None = None  # rollout-correction weights pi_old / pi_s, truncated or masked (None: off)
@@ -39,7 +39,7 @@ class Rollout:
 
 
 # the fields that are one value per response (no width to pad), and the lists of strings
-PER_RESPONSE = ("scores", "has_eos", "group_ids")
+PER_RESPONSE = ("scores", "ended", "group_ids")
 TEXT = ("prompts", "responses")
 
 

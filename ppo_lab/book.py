@@ -107,28 +107,32 @@ def glue(name: str, value, display: bool = False) -> None:
     _glue(name, value, display=display)
 
 
-def config(**fields):
+def config(*settings: dict):
     """A `PPOConfig` for a chapter's run: the offline tiny model, no evaluation, no progress
-    bar and a fresh temporary `output_dir`; `fields` override any of it.
+    bar and a fresh temporary `run.output_dir`; `settings` (dicts of dotted names such as
+    `{"optim.lr": 5e-4}`, applied in order) override any of it.
 
-    A chapter pins every field its claims rest on (its own dict of settings passed here), so
-    that it does not change when the package's defaults do.
+    A chapter pins every setting its claims rest on (its own dict passed here), so that it does
+    not change when the package's defaults do.
     """
     import tempfile
 
-    from .config import PPOConfig
+    from .config import PPOConfig, nest
 
-    base = {"policy_model": "builtin:tiny", "eval_interval": 0, "progress_bar": False}
-    return PPOConfig(**{**base, **fields, "output_dir": fields.get("output_dir") or tempfile.mkdtemp(prefix="ppo_lab-book-")})
+    base = {"policy.model": "builtin:tiny", "run.eval_interval": 0, "run.progress_bar": False}
+    merged = nest(base, *settings)
+    if not merged["run"].get("output_dir"):
+        merged["run"]["output_dir"] = tempfile.mkdtemp(prefix="ppo_lab-book-")
+    return PPOConfig(**merged)
 
 
-def train(*, reward_fn=None, train_prompts=None, eval_prompts=None, gold_fn=None, **fields):
-    """Train a fresh `PPOTrainer` on `config(**fields)` for its `total_iterations`; returns
+def train(*settings: dict, reward_fn=None, train_prompts=None, eval_prompts=None, gold_fn=None):
+    """Train a fresh `PPOTrainer` on `config(*settings)` for its `run.iterations`; returns
     `(trainer, history)`, the history being one metrics dict per iteration. `reward_fn`, the
     prompts and `gold_fn` go to `PPOTrainer` as they are (default: the task's; no gold)."""
     from .trainer import PPOTrainer
 
-    trainer = PPOTrainer(config(**fields), reward_fn=reward_fn, train_prompts=train_prompts, eval_prompts=eval_prompts, gold_fn=gold_fn)
+    trainer = PPOTrainer(config(*settings), reward_fn=reward_fn, train_prompts=train_prompts, eval_prompts=eval_prompts, gold_fn=gold_fn)
     return trainer, trainer.train()
 
 

@@ -6,6 +6,7 @@ its loop calls (`Objective`, `Sampler`, `OptimizerStep`, ...) from the same conf
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ from .kl_control import AdaptiveKLController, FixedKLController, PPOPenaltyKLCon
 from .models import PolicyWithValueHead, context_length, disable_dropout, enable_checkpointing, load_critic, load_tokenizer, make_reference, to_float32
 from .sampling import Sampling
 
-# torch.compile's backend for `PPOConfig.torch_compile` (the tests switch to "eager", which traces
+# torch.compile's backend for `memory.compile` (the tests switch to "eager", which traces
 # the same graphs in seconds instead of minutes on a CPU).
 COMPILE_BACKEND = "inductor"
 
@@ -38,7 +39,7 @@ STREAMS = {"sample": 1, "shuffle": 2, "eval": 3, "reference": 4, "sampler": 5}
 def draws(seed: int, iteration: int | None, stream: str, attempt: int = 0) -> torch.Generator:
     """A CPU generator for one purpose ("sample", "shuffle", "eval", "reference", "sampler") of one
     iteration, the same on every process and in a resumed run. (Evaluation and the reference
-    responses of `reference_score_norm` pass iteration None: the same draws every time.) `attempt`
+    responses of `reward.reference_norm` pass iteration None: the same draws every time.) `attempt`
     numbers the extra rollouts of one iteration (dynamic sampling); 0 is the usual one."""
     if iteration is None:
         return torch.Generator().manual_seed(seed * 8 + STREAMS[stream])
@@ -50,17 +51,17 @@ def make_accelerator(cfg: PPOConfig):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    if cfg.precision == "fp16" and not torch.cuda.is_available():
-        raise ValueError("PPOConfig.precision = 'fp16' needs a CUDA GPU; use 'fp32' or 'bf16' on the CPU")
+    if cfg.memory.precision == "fp16" and not torch.cuda.is_available():
+        raise ValueError("memory.precision = 'fp16' needs a CUDA GPU; use 'fp32' or 'bf16' on the CPU")
     # accelerate keeps one global state per process; a second trainer in the same notebook
     # with another precision would be refused. The process group (PartialState) is kept.
     AcceleratorState._reset_state(reset_partial_state=False)
     return Accelerator(
         cpu=not torch.cuda.is_available(),
-        mixed_precision="no" if cfg.precision == "fp32" else cfg.precision,
-        log_with=[t.strip() for t in cfg.report_to.split(",")] if cfg.report_to else None,
-        project_dir=cfg.output_dir,
-        dynamo_backend=COMPILE_BACKEND if cfg.torch_compile else "no",
+        mixed_precision="no" if cfg.memory.precision == "fp32" else cfg.memory.precision,
+        log_with=[t.strip() for t in cfg.run.report_to.split(",")] if cfg.run.report_to else None,
+        project_dir=cfg.run.output_dir,
+        dynamo_backend=COMPILE_BACKEND if cfg.memory.compile else "no",
     )
 
 
@@ -80,18 +81,18 @@ def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, re
     from .rewards import load_reward
 
     task = None
-    if train_prompts is not None and cfg.prompts_file is not None:
-        raise ValueError(f"training prompts were passed in and PPOConfig.prompts_file = {cfg.prompts_file!r} names others; give one of them")
-    if train_prompts is None and cfg.prompts_file is not None:
-        train_prompts = read_prompts(cfg.prompts_file, cfg.prompt_field)
+    if train_prompts is not None and cfg.data.prompts_file is not None:
+        raise ValueError(f"training prompts were passed in and data.prompts_file = {cfg.data.prompts_file!r} names others; give one of them")
+    if train_prompts is None and cfg.data.prompts_file is not None:
+        train_prompts = read_prompts(cfg.data.prompts_file, cfg.data.prompt_field)
         if eval_prompts is None:
-            eval_prompts = read_prompts(cfg.eval_prompts_file, cfg.prompt_field) if cfg.eval_prompts_file else train_prompts
-    elif eval_prompts is None and cfg.eval_prompts_file is not None:
-        eval_prompts = read_prompts(cfg.eval_prompts_file, cfg.prompt_field)
-    if train_prompts is None or (reward_fn is None and cfg.reward is None):
+            eval_prompts = read_prompts(cfg.data.eval_prompts_file, cfg.data.prompt_field) if cfg.data.eval_prompts_file else train_prompts
+    elif eval_prompts is None and cfg.data.eval_prompts_file is not None:
+        eval_prompts = read_prompts(cfg.data.eval_prompts_file, cfg.data.prompt_field)
+    if train_prompts is None or (reward_fn is None and cfg.reward.source is None):
         from .tasks import get_task
 
-        task = get_task(cfg.task)
+        task = get_task(cfg.data.task)
     for name, given in (("train_prompts", train_prompts), ("eval_prompts", eval_prompts)):
         if isinstance(given, (str, bytes)):  # list("the food was") would train on its characters
             raise ValueError(f"{name} is one string ({given[:40]!r}); give a list of prompts, e.g. [{given[:40]!r}]")
@@ -107,7 +108,7 @@ def build_task(cfg: PPOConfig, device, train_prompts=None, eval_prompts=None, re
         bad = next((i for i, p in enumerate(prompts) if not (isinstance(p, str) and p)), None)
         if bad is not None:
             raise ValueError(f"{name} prompt {bad} is {prompts[bad]!r}: every prompt must be a non-empty string")
-    reward_fn = reward_fn or load_reward(cfg.reward, task, cfg.reward_label_index, device, cfg.trust_remote_code)
+    reward_fn = reward_fn or load_reward(cfg.reward.source, task, cfg.reward.label_index, device, cfg.policy.trust_remote_code)
     name = getattr(reward_fn, "__qualname__", type(reward_fn).__name__)
     module = getattr(reward_fn, "__module__", None)
     shown = f"{module}.{name}" if module and module not in ("__main__", "builtins") and not module.startswith("ppo_lab") else name
@@ -161,7 +162,7 @@ def read_prompts(path: str, field: str = "prompt") -> list[str]:
             raise ValueError(f"prompts file {path!r}, {where}: a JSON {kind}, not an object with the prompt under {field!r}")
         if field not in row:
             keys = ", ".join(map(repr, row)) or "no keys"
-            raise ValueError(f"prompts file {path!r}, {where}: no {field!r} (has {keys}); set prompt_field to the key that holds the prompt")
+            raise ValueError(f"prompts file {path!r}, {where}: no {field!r} (has {keys}); set data.prompt_field to the key that holds the prompt")
         if not isinstance(row[field], str) or not row[field]:
             raise ValueError(f"prompts file {path!r}, {where}: {field!r} holds {row[field]!r}, not a non-empty string")
         prompts.append(row[field])
@@ -209,8 +210,8 @@ class Roles:
 def build_roles(cfg: PPOConfig, task: TaskSetup, device, policy=None, tokenizer=None) -> Roles:
     """Tokenizer, policy, reference and critic; dropout off everywhere, so that the first update
     step is exactly on-policy (ratio 1)."""
-    role = "tokenizer (PPOConfig.tokenizer)" if cfg.tokenizer else "tokenizer of PPOConfig.policy_model"
-    tokenizer = tokenizer or load_tokenizer(cfg.tokenizer or cfg.policy_model, cfg.trust_remote_code, role)
+    role = "tokenizer (policy.tokenizer)" if cfg.policy.tokenizer else "tokenizer of policy.model"
+    tokenizer = tokenizer or load_tokenizer(cfg.policy.tokenizer or cfg.policy.model, cfg.policy.trust_remote_code, role)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -219,39 +220,36 @@ def build_roles(cfg: PPOConfig, task: TaskSetup, device, policy=None, tokenizer=
 
         # an SFT model saved as a LoRA adapter is merged into its base first, so that the
         # reference (and a PPO adapter switched off) is the SFT policy, not the base model
-        policy = load_maybe_adapter(cfg.policy_model, cfg.trust_remote_code)
+        policy = load_maybe_adapter(cfg.policy.model, cfg.policy.trust_remote_code)
     else:
         policy = to_float32(policy, "policy")
     lm = disable_dropout(policy)  # a model passed in keeps the dropout it was built with
     stop_ids = [tokenizer.eos_token_id]
-    if cfg.stop_token is not None:
-        stop = tokenizer.convert_tokens_to_ids(cfg.stop_token)
+    if cfg.sampling.stop_token is not None:
+        stop = tokenizer.convert_tokens_to_ids(cfg.sampling.stop_token)
         if stop is None or stop == tokenizer.unk_token_id:
-            raise ValueError(f"PPOConfig.stop_token = {cfg.stop_token!r} is not a token of the tokenizer")
+            raise ValueError(f"sampling.stop_token = {cfg.sampling.stop_token!r} is not a token of the tokenizer")
         stop_ids.append(stop)
-    check_prompt_lengths(tokenizer, lm, task.train_prompts, cfg.max_new_tokens, "training prompt")
+    check_prompt_lengths(tokenizer, lm, task.train_prompts, cfg.sampling.max_new_tokens, "training prompt")
     if task.eval_prompts != task.train_prompts:
-        check_prompt_lengths(tokenizer, lm, task.eval_prompts, cfg.max_new_tokens, "eval prompt")
-    if cfg.lora_r > 0:
+        check_prompt_lengths(tokenizer, lm, task.eval_prompts, cfg.sampling.max_new_tokens, "eval prompt")
+    if cfg.lora.r > 0:
         from .lora import LoRAReference, apply_lora
 
         # LoRA's dropout modules are new: switched off like every other dropout
-        lm = disable_dropout(apply_lora(lm, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules))
+        lm = disable_dropout(apply_lora(lm, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules))
         reference = LoRAReference(lm)  # the adapter switched off: no second copy of the weights
     else:
         reference = make_reference(lm).to(device)
     critic = None
-    if cfg.critic == "separate":
-        critic = load_critic(cfg.critic_model or cfg.policy_model, cfg.trust_remote_code, pooling=cfg.value_pooling)
-    if cfg.gradient_checkpointing:
+    if cfg.critic.design == "separate":
+        critic = load_critic(cfg.critic.model or cfg.policy.model, cfg.policy.trust_remote_code, pooling=cfg.critic.pooling)
+    if cfg.memory.gradient_checkpointing:
         for model in (lm, critic.backbone if critic is not None else None):
             if model is not None:
                 enable_checkpointing(model)
-    sampling = Sampling(
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-        stop_ids=() if cfg.ignore_eos else stop_ids, stop_after=cfg.stop_after,
-    )
-    return Roles(tokenizer, PolicyWithValueHead(lm) if cfg.critic == "shared" else lm, reference, critic, sampling)
+    sampling = dataclasses.replace(cfg.sampling, stop_ids=() if cfg.sampling.ignore_eos else stop_ids)
+    return Roles(tokenizer, PolicyWithValueHead(lm) if cfg.critic.design == "shared" else lm, reference, critic, sampling)
 
 
 def check_prompt_lengths(tokenizer, lm, prompts: list[str], max_new_tokens: int, what: str = "prompt") -> None:
@@ -272,7 +270,7 @@ def check_prompt_lengths(tokenizer, lm, prompts: list[str], max_new_tokens: int,
 
 def build_optimizer(cfg: PPOConfig, policy, critic):
     """AdamW over every trainable weight (the critic's in a group with its own learning rate
-    when `critic_learning_rate` is set), and the learning-rate schedule, stepped once per
+    when `critic.lr` is set), and the learning-rate schedule, stepped once per
     optimizer step."""
     from transformers import get_scheduler
 
@@ -282,19 +280,19 @@ def build_optimizer(cfg: PPOConfig, policy, critic):
     critic_params = [p for p in (critic or value_head or torch.nn.Module()).parameters() if p.requires_grad]
     groups = [{"params": policy_params, "name": "policy"}]  # (the names pick the groups for per-model clipping)
     if critic_params:
-        groups.append({"params": critic_params, "lr": cfg.critic_learning_rate or cfg.learning_rate, "name": "critic"})
+        groups.append({"params": critic_params, "lr": cfg.critic.lr or cfg.optim.lr, "name": "critic"})
     # The fused kernel updates all tensors in one pass: on a CPU a third of the time of the
     # default one-tensor-at-a-time loop (benchmarks/results/hotspots-*.json).
     params = policy_params + critic_params
     fused = all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params)
-    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay, **({"fused": True} if fused else {}))
-    steps_per_iteration = cfg.ppo_epochs * (cfg.rollout_batch_size // cfg.minibatch_size)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, eps=cfg.optim.adam_eps, weight_decay=cfg.optim.weight_decay, **({"fused": True} if fused else {}))
+    steps_per_iteration = cfg.batch.epochs * (cfg.batch.rollout // cfg.batch.minibatch)
     # Not passed to accelerator.prepare: its scheduler wrapper steps once per process.
     scheduler = get_scheduler(
-        {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.lr_schedule],
+        {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.optim.schedule],
         optimizer,
-        num_warmup_steps=cfg.warmup_steps,
-        num_training_steps=cfg.total_iterations * steps_per_iteration,
+        num_warmup_steps=cfg.optim.warmup_steps,
+        num_training_steps=cfg.run.iterations * steps_per_iteration,
     )
     return optimizer, scheduler
 
@@ -302,9 +300,9 @@ def build_optimizer(cfg: PPOConfig, policy, critic):
 def build_kl_controllers(cfg: PPOConfig):
     """The reference-KL coefficient's controller, and PPO-penalty's (KL to the *old* policy;
     None unless policy_loss = "kl_penalty")."""
-    if cfg.kl_control == "adaptive":
-        kl_ctl = AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+    if cfg.kl.control == "adaptive":
+        kl_ctl = AdaptiveKLController(cfg.kl.coef, cfg.kl.target, cfg.kl.horizon)
     else:
-        kl_ctl = FixedKLController(cfg.kl_coef)
-    penalty_ctl = PPOPenaltyKLController(cfg.penalty_beta, cfg.penalty_kl_target) if cfg.policy_loss == "kl_penalty" else None
+        kl_ctl = FixedKLController(cfg.kl.coef)
+    penalty_ctl = PPOPenaltyKLController(cfg.loss.penalty_beta, cfg.loss.penalty_target) if cfg.loss.policy == "kl_penalty" else None
     return kl_ctl, penalty_ctl

@@ -301,7 +301,7 @@ def from_json(state: list) -> tuple:
 
 
 def resolve_resume_from(where: str | Path, output_dir: str | Path) -> Path | None:
-    """The folder `resume_from = where` names, None for "latest". An iteration number (`3`) or a
+    """The folder `run.resume_from = where` names, None for "latest". An iteration number (`3`) or a
     checkpoint's name as `ls` shows it (`checkpoint-000003`) is looked up in
     output_dir/checkpoints; any other value is a path. A folder the user named must exist: a
     typo is an error, never the previous checkpoint. A saved model (a final `policy/`) is named
@@ -319,17 +319,17 @@ def resolve_resume_from(where: str | Path, output_dir: str | Path) -> Path | Non
     if not path.is_dir():
         have = [p.name for p in list_checkpoints(root)] if root.is_dir() else []
         listed = f"the checkpoints in {str(root)!r} are: {', '.join(have)}" if have else f"{str(root)!r} holds no checkpoint"
-        raise ValueError(f"resume_from = {text!r}: there is no checkpoint folder {str(path)!r}; {listed} (or use 'latest')")
+        raise ValueError(f"run.resume_from = {text!r}: there is no checkpoint folder {str(path)!r}; {listed} (or use 'latest')")
     if not (path / MANIFEST).exists() and ((path / "config.json").exists() or (path / "model.safetensors").exists()):
         raise ValueError(
-            f"resume_from = {text!r}: {str(path)!r} is a saved model, not a checkpoint (it holds the weights only); "
-            f"resume from a folder in {str(root)!r}, or start a new run from the model with policy_model = {str(path)!r}"
+            f"run.resume_from = {text!r}: {str(path)!r} is a saved model, not a checkpoint (it holds the weights only); "
+            f"resume from a folder in {str(root)!r}, or start a new run from the model with policy.model = {str(path)!r}"
         )
     return path
 
 
 def find_checkpoint(where: str | Path, output_dir: str | Path) -> Path:
-    """The checkpoint that `resume_from = where` names (`resolve_resume_from`): "latest" (the
+    """The checkpoint that `run.resume_from = where` names (`resolve_resume_from`): "latest" (the
     newest valid one in output_dir/checkpoints), an iteration, a checkpoint's name or a folder. A
     folder that fails verification is named in a warning and the previous checkpoint beside it is
     used instead; with none left, ValueError."""
@@ -348,7 +348,7 @@ def find_checkpoint(where: str | Path, output_dir: str | Path) -> Path:
             warnings.warn(f"{err}; trying the previous checkpoint", stacklevel=3)
             path = latest_checkpoint_from(older)
     if path is None:
-        raise ValueError(f"no valid checkpoint to resume from in {str(root)!r} (resume_from = {str(where)!r})")
+        raise ValueError(f"no valid checkpoint to resume from in {str(root)!r} (run.resume_from = {str(where)!r})")
     return path
 
 
@@ -359,10 +359,14 @@ def _iteration_of(path: Path) -> int:
 
 def warn_if_config_changed(saved: dict, now: dict, path: Path) -> None:
     """Warn when the run being resumed was configured differently where it matters (every
-    field not marked `resume="free"` in `PPOConfig`)."""
-    from .config import free_on_resume
+    setting not marked `resume="free"`). Both are `PPOConfig.to_dict()`s; a checkpoint written
+    before the groups has flat names, which `config.upgrade` moves to their groups."""
+    from .config import free_on_resume, upgrade
 
-    free = free_on_resume()
+    def dotted(groups: dict) -> dict:
+        return {f"{key}.{name}": value for key, values in upgrade(groups).items() if isinstance(values, dict) for name, value in values.items()}
+
+    saved, now, free = dotted(saved), dotted(now), free_on_resume()
     changed = sorted(k for k in now if k not in free and k in saved and saved[k] != now[k])
     if changed:
         detail = ", ".join(f"{k}: {saved[k]!r} -> {now[k]!r}" for k in changed)

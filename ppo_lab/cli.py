@@ -1,7 +1,8 @@
-"""The `ppo-lab` command line: `ppo-lab train [config.yaml] [--field value ...]`.
+"""The `ppo-lab` command line: `ppo-lab train [config.yaml] [--group.field value ...]`.
 
-Every field of `PPOConfig` is a flag (`ppo-lab train --help` lists them with their help text);
-flags override the YAML file, which overrides the defaults. With no arguments, `ppo-lab train`
+Every setting of `PPOConfig` is a flag named by its group (`--optim.lr 1e-4`; `ppo-lab train
+--help` lists them group by group with their help text); flags override the YAML file, which
+overrides the defaults. With no arguments, `ppo-lab train`
 trains the built-in tiny model on the sentiment task, offline, and prints sample responses
 before and after.
 
@@ -102,13 +103,17 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # allow_abbrev=False: a prefix such as --learn would otherwise be "ambiguous" between the two
-    # spellings of one option (--learning_rate, --learning-rate); unknown options get a suggestion.
+    # allow_abbrev=False: a prefix such as --optim.max would otherwise be "ambiguous" between the
+    # two spellings of one option (--optim.max_grad_norm, --optim.max-grad-norm); unknown options
+    # get a suggestion.
     parser = argparse.ArgumentParser(prog="ppo-lab", description="PPO Lab: Proximal Policy Optimization for language models.", allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"ppo-lab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    tr = sub.add_parser("train", help="train a policy with PPO (default: the offline tiny model on the sentiment task)", allow_abbrev=False)
-    tr.add_argument("config", nargs="?", help="a YAML file of PPOConfig fields")
+    tr = sub.add_parser(
+        "train", help="train a policy with PPO (default: the offline tiny model on the sentiment task)", allow_abbrev=False,
+        usage="ppo-lab train [config.yaml | preset] [--group.field value ...]  (--help lists the settings by group)",
+    )
+    tr.add_argument("config", nargs="?", help="a YAML file of PPOConfig groups (or a preset's name)")
     tr.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     tr.add_argument("--traceback", action="store_true", help="on an error, show the full traceback instead of one line (also: PPO_LAB_TRACEBACK=1)")
     from .config import PPOConfig
@@ -132,27 +137,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# Short names users type for a field, pointed to the field (difflib alone would send --lr to --lr_schedule).
-ALIASES = {"lr": "learning_rate", "epochs": "ppo_epochs", "batch_size": "rollout_batch_size", "beta": "kl_coef", "kl": "kl_coef", "output": "output_dir", "resume": "resume_from"}
+# Short names users type for a setting, pointed to it (difflib alone would send --lr to --lora.r).
+ALIASES = {"lr": "optim.lr", "epochs": "batch.epochs", "batch_size": "batch.rollout", "beta": "kl.coef", "kl": "kl.coef", "output": "run.output_dir", "resume": "run.resume_from"}
 
 
 def _unknown_message(unknown: list[str], parser: argparse.ArgumentParser) -> str:
-    """"unknown option --learn; did you mean --learning_rate?" for the first unknown token."""
+    """"unknown option --learn; did you mean --optim.lr?" for the first unknown token, and
+    "--optim.lr is now --optim.lr" for a flag from before the config's groups."""
     import difflib
+
+    from .config import MOVED
 
     token = unknown[0]
     if not token.startswith("-"):
         return f"unexpected argument {token!r} (options are written --name value)"
     name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
+    if name in MOVED:
+        return f"--{name} is now --{MOVED[name]}"
     options = sorted({s.lstrip("-").replace("-", "_") for a in parser._actions for s in a.option_strings if s.startswith("--")})
     guess = ALIASES.get(name) if ALIASES.get(name) in options else None
+    ends = [o for o in options if o.endswith("." + name)]
     prefixed = [o for o in options if o.startswith(name)]
-    guess = guess or (prefixed[0] if len(prefixed) == 1 else None) or next(iter(difflib.get_close_matches(name, options, n=1)), None)
+    guess = guess or (ends[0] if len(ends) == 1 else None) or (prefixed[0] if len(prefixed) == 1 else None) or next(iter(difflib.get_close_matches(name, options, n=1)), None)
     return f"unknown option {token.split('=', 1)[0]}" + (f"; did you mean --{guess}?" if guess else "") + " (ppo-lab train --help lists them)"
 
 
 def _join_negative_values(argv: list[str]) -> list[str]:
-    """`--learning_rate -1e-4` -> `--learning_rate=-1e-4`.
+    """`--optim.lr -1e-4` -> `--optim.lr=-1e-4`.
 
     argparse takes a token starting with "-" for an option unless it looks like a plain negative
     number ("-1e-4" does not), and then reports a missing value; joined, the value reaches the

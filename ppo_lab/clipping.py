@@ -171,7 +171,7 @@ def gspo_policy_loss(
     whose value is s_i and whose gradient is s_i * grad log pi_theta(y_t); with "seq-mean-token-mean"
     aggregation and one advantage per response that is exactly the gradient of the sequence
     objective mean_i max(-s_i A_i, -clip(s_i) A_i). (verl always aggregates GSPO that way;
-    here `loss_agg` is honoured, and the `gspo` preset sets seq-mean-token-mean.)
+    here `loss.aggregation` is honoured, and the `gspo` preset sets seq-mean-token-mean.)
 
     Args:
         logprobs: (B, T) log pi_theta of the sampled tokens, with gradient.
@@ -184,7 +184,7 @@ def gspo_policy_loss(
     Returns:
         loss: 0-dim tensor. metrics: as `clipped_policy_loss`'s; the ratios are the s_i,
         "policy/clipfrac" is the share of real tokens whose response's s_i is clipped, and
-        "policy/approx_kl" is the tokens' k3, as for PPO-clip, so `target_kl` means the same.
+        "policy/approx_kl" is the tokens' k3, as for PPO-clip, so `optim.early_stop_kl` means the same.
     """
     m = _check_inputs(logprobs, old_logprobs, advantages, mask)
     eps_low, eps_high = _clip_range(clip_eps, clip_eps_high)

@@ -4,7 +4,7 @@ Appendix A (Where the big implementations disagree) runs each decision of the RE
 both ways. `ppo_lab` makes one choice in each; this module holds the table as data (`DECISIONS`,
 kept equal to the README's by a test) and the other choices as pure functions. `Choices` is what
 the trainer sees: one hook per decision, which it calls on every run, and which applies the
-other choice only when `PPOConfig.reproduce` names it (off by default, used by Appendix A to run
+other choice only when `run.reproduce` names it (off by default, used by Appendix A to run
 each decision both ways, never by a recipe):
 
     score-past-last           the score one position past the last real token (TRL, DeepSpeed-Chat)
@@ -15,7 +15,7 @@ each decision both ways, never by a recipe):
     dropout-on                dropout left at p = 0.1 in the trained models (GPT-2's default)
 
 The k3 forms and the source of the rollout's log-probs need no switch: `k3_exp_minus_one` and
-`k3_clamped` are the anchors' formulas, and `PPOConfig.old_logprobs` already chooses the source.
+`k3_clamped` are the anchors' formulas, and `sampler.old_logprobs_from` already chooses the source.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def parse_reproduce(value: str | None) -> tuple[str, ...]:
     names = tuple(n.strip() for n in (value or "").split(",") if n.strip())
     for name in names:
         if name not in OTHER_CHOICES:
-            raise ValueError(f"PPOConfig.reproduce names {name!r}, which is not one of: {', '.join(OTHER_CHOICES)}")
+            raise ValueError(f"run.reproduce names {name!r}, which is not one of: {', '.join(OTHER_CHOICES)}")
     return names
 
 
@@ -179,7 +179,7 @@ class Choices:
 
     @classmethod
     def parse(cls, value: str | None) -> Choices:
-        """The choices of a `PPOConfig.reproduce` value (comma-separated names, or None)."""
+        """The choices of a `run.reproduce` value (comma-separated names, or None)."""
         return cls(parse_reproduce(value))
 
     def __contains__(self, name: str) -> bool:
@@ -214,14 +214,14 @@ class Choices:
 @torch.no_grad()
 def first_step_metrics(trainer) -> dict[str, float]:
     """What the first optimizer step of an update of `trainer` (a `PPOTrainer`) would see, without
-    taking it: a rollout of the first `minibatch_size` training prompts, then the loss metrics of
+    taking it: a rollout of the first `batch.minibatch` training prompts, then the loss metrics of
     that minibatch under the current weights in train mode. On-policy (dropout off, one
     temperature in sampling and scoring) every ratio is 1, so policy/ratio_min = ratio_max = 1
     and policy/clipfrac = 0, up to float round-off; the dropout-on and temperature-1-in-scoring
     choices break that (appendices A and C). The weights, the prompt stream and the iteration
     count are left as they were."""
-    k = trainer.config.responses_per_prompt
-    ro = trainer.rollout(trainer.train_prompts[: max(trainer.config.minibatch_size // k, 1)])
+    k = trainer.config.sampling.responses_per_prompt
+    ro = trainer.rollout(trainer.train_prompts[: max(trainer.config.batch.minibatch // k, 1)])
     _, advantages, returns = trainer.advantages(ro)
     trainer.set_training(True)
     _, metrics = trainer.minibatch_loss(ro, torch.arange(len(ro), device=ro.mask.device), advantages, returns)

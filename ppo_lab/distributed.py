@@ -34,7 +34,7 @@ def check_distributed_backend(kind) -> None:
         f"accelerate's distributed type {name} is not supported by ppo_lab: it runs on one device, or on "
         "several with DDP (accelerate launch --multi_gpu). FSDP and DeepSpeed are refused because their "
         "optimizer, checkpoint and gradient-clipping paths are not implemented or tested in ppo_lab; to fit a "
-        "larger model on each GPU use lora_r, gradient_checkpointing and precision: bf16"
+        "larger model on each GPU use lora.r, memory.gradient_checkpointing and memory.precision: bf16"
     )
 
 

@@ -216,7 +216,7 @@ def reinforce_pp_estimator(rewards, mask, *, gamma=1.0, **_):
     """REINFORCE++ (Hu et al. 2025): the return-to-go G_t of the per-token rewards (the KL
     penalty of every later token included), normalised over the real tokens of the whole batch:
     A_t = (G_t - mean G) / std G; returns are G_t. No critic and no group: one prompt, one
-    response is enough. Applying the trainer's `whiten_advantages` afterwards changes nothing.
+    response is enough. Applying the trainer's `advantage.whiten` afterwards changes nothing.
     """
     returns = discounted_returns(rewards, mask, gamma)
     return masked_whiten(returns, mask), returns

@@ -17,7 +17,7 @@ That equivalence has conditions, and each one is handled here:
    beside it and runs the original while the adapter is off, so the reference stays frozen.
 3. Switching off must be undone even when the forward raises, and nesting must be harmless:
    `adapter_disabled` is a context manager over peft's own, which restores the previous state.
-4. LoRA dropout (`lora_dropout`) randomises the policy's forward. PPO's first update step
+4. LoRA dropout (`lora.dropout`) randomises the policy's forward. PPO's first update step
    compares the new log-probs with those of the rollout, so any randomness makes the ratio
    differ from 1 on-policy. The default is 0, and the trainer's `disable_dropout` zeroes it
    anyway, as it does every dropout.
@@ -79,7 +79,7 @@ def _split_names(value, what: str) -> list[str]:
 
 
 def parse_target_modules(value: str | Sequence[str]) -> str | list[str]:
-    """`lora_target_modules` as peft wants it: "all-linear", or a list of module names.
+    """`lora.target_modules` as peft wants it: "all-linear", or a list of module names.
 
     A comma-separated string ("c_attn, c_proj") becomes a list. This matters: peft reads a plain
     string other than "all-linear" as a regular expression that must match a module's *full*
@@ -87,7 +87,7 @@ def parse_target_modules(value: str | Sequence[str]) -> str | list[str]:
     """
     if isinstance(value, str) and value.strip().lower() == ALL_LINEAR:
         return ALL_LINEAR
-    return _split_names(value, f"target_modules (lora_target_modules: {ALL_LINEAR!r} or module names)")
+    return _split_names(value, f"target_modules (lora.target_modules: {ALL_LINEAR!r} or module names)")
 
 
 def _module_names(model: nn.Module, wanted: list[str], what: str, kinds: tuple[type, ...] | None = None) -> None:
@@ -142,11 +142,11 @@ def apply_lora(
     Args:
         model: an `AutoModelForCausalLM` without adapters (merge an SFT adapter first:
             `load_maybe_adapter`). peft changes it in place: its layers become LoRA layers.
-        r: rank of A and B (`lora_r`), a positive integer.
-        alpha: scale numerator (`lora_alpha`); the update is (alpha / r) B A.
-        dropout: LoRA dropout on the adapter's input (`lora_dropout`), in [0, 1). Keep 0 for
+        r: rank of A and B (`lora.r`), a positive integer.
+        alpha: scale numerator (`lora.alpha`); the update is (alpha / r) B A.
+        dropout: LoRA dropout on the adapter's input (`lora.dropout`), in [0, 1). Keep 0 for
             PPO: dropout makes the rollout and the first update step disagree (ratio != 1).
-        target_modules: `lora_target_modules`: "all-linear" (every Linear / Conv1D except the
+        target_modules: `lora.target_modules`: "all-linear" (every Linear / Conv1D except the
             output head) or module names, as a list or a comma-separated string.
         modules_to_save: modules trained in full beside the adapter (e.g. "lm_head"); peft keeps
             the original for the adapter-off forward. When the name is one of a pair of tied
@@ -162,11 +162,11 @@ def apply_lora(
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
-        raise ValueError(f"r (lora_r) must be a positive integer; got {r!r}")
+        raise ValueError(f"r (lora.r) must be a positive integer; got {r!r}")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0 < float(alpha) < float("inf")):
-        raise ValueError(f"alpha (lora_alpha) must be a positive finite number; got {alpha!r}")
+        raise ValueError(f"alpha (lora.alpha) must be a positive finite number; got {alpha!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (0.0 <= float(dropout) < 1.0):
-        raise ValueError(f"dropout (lora_dropout) must be in [0, 1); got {dropout!r}")
+        raise ValueError(f"dropout (lora.dropout) must be in [0, 1); got {dropout!r}")
     if any(isinstance(m, BaseTunerLayer) for m in model.modules()):
         # A second adapter on top of the first would be switched off with it, and the reference
         # would become the model before SFT: merge the first one into the weights instead.
@@ -179,7 +179,7 @@ def apply_lora(
 
     targets = parse_target_modules(target_modules)
     if targets != ALL_LINEAR:
-        _module_names(model, targets, "target_modules (lora_target_modules)", _linear_kinds())
+        _module_names(model, targets, "target_modules (lora.target_modules)", _linear_kinds())
     to_save = None
     if modules_to_save is not None and not (isinstance(modules_to_save, str) and not modules_to_save.strip()):
         to_save = _split_names(modules_to_save, "modules_to_save")

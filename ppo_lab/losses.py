@@ -30,7 +30,7 @@ from .value import clipped_value_loss
 # "seq-mean-token-sum-norm", the generation budget max_new_tokens).
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 POLICY_LOSSES = Registry("policy loss")
-register_policy_loss = POLICY_LOSSES.register  # make a policy loss available as `PPOConfig.policy_loss = name`
+register_policy_loss = POLICY_LOSSES.register  # make a policy loss available as `loss.policy = name`
 get_policy_loss = POLICY_LOSSES.lookup
 
 

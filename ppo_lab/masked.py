@@ -134,7 +134,7 @@ def response_mask(
         eos_token_id: the stop token id, a list of stop ids, or None (no stop token: every
             position is real).
         stop_after: a stop token counts only at position >= stop_after (0-based); one before
-            it is an ordinary token (OpenAI 2019's truncation window, `PPOConfig.stop_after`).
+            it is an ordinary token (OpenAI 2019's truncation window, `sampling.stop_after`).
 
     Returns:
         (B, T) float mask: 1 from the start through the first stop token, 0 after it. A response

@@ -219,12 +219,12 @@ def estimate_memory(
 
     Args:
         config: a `PPOConfig` (batch sizes, critic design, precision, LoRA, gradient
-            checkpointing, `logprob_chunk_size`, entropy bonus).
+            checkpointing, `memory.logprob_chunk`, entropy bonus).
         policy: the policy's shape (the reference has the same).
         prompt_len, response_len: tokens of the longest prompt and response of a batch
-            (responses default to `config.max_new_tokens`).
+            (responses default to `config.sampling.max_new_tokens`).
         critic: a separate critic's shape (default: the policy's); ignored unless
-            `config.critic == "separate"`.
+            `config.critic.design == "separate"`.
         reward: a reward model's shape; None for a Python reward function.
         processes: data-parallel processes; each samples and trains its share.
         sharding: what the trained models' state is split over the processes by: "none" (DDP,
@@ -247,12 +247,12 @@ def estimate_memory(
     if processes < 1 or prompt_len < 1:
         raise ValueError(f"processes ({processes}) and prompt_len ({prompt_len}) must be >= 1")
     cfg = config
-    T = cfg.max_new_tokens if response_len is None else response_len
+    T = cfg.sampling.max_new_tokens if response_len is None else response_len
     L = prompt_len + T
-    half = cfg.precision in ("bf16", "fp16")
+    half = cfg.memory.precision in ("bf16", "fp16")
     act = 2 if half else 4  # bytes of an activation
-    lora = cfg.lora_r > 0
-    separate = cfg.critic == "separate"
+    lora = cfg.lora.r > 0
+    separate = cfg.critic.design == "separate"
     critic = critic or policy
     split = lambda what, level: what // processes if SHARDINGS.index(sharding) >= level else what  # noqa: E731
 
@@ -261,36 +261,36 @@ def estimate_memory(
         weights["reference weights"] = split(4 * policy.params, 3)
     if separate:
         weights["critic weights"] = split(4 * critic.params, 3)
-    elif cfg.critic == "shared":
+    elif cfg.critic.design == "shared":
         weights["policy weights"] += 4 * (policy.hidden + 1)
     if reward is not None:
         weights["reward model weights"] = split(4 * reward.params, 3)
-    trained = (policy.lora_params(cfg.lora_r) if lora else policy.params) + (critic.params if separate else (policy.hidden + 1 if cfg.critic == "shared" else 0))
+    trained = (policy.lora_params(cfg.lora.r) if lora else policy.params) + (critic.params if separate else (policy.hidden + 1 if cfg.critic.design == "shared" else 0))
     static = {**weights, "optimizer state": split(8 * trained, 1)}
 
     # rollout: sampling with the KV cache, then a scoring forward per model without gradients
-    share = cfg.rollout_batch_size // processes
-    rows = min(cfg.forward_batch_size or share, share)
+    share = cfg.batch.rollout // processes
+    rows = min(cfg.batch.forward or share, share)
     kv = 2 * policy.n_layer * share * L * policy.n_kv_head * policy.head_dim * act
     sampling_logits = 4 * share * policy.vocab * 4  # logits, scaled, softmax, cumulative sum
     transient = rows * L * (_BLOCK_TRANSIENT * policy.hidden + _MLP_TRANSIENT[policy.mlp] * policy.intermediate) * act
-    scored = rows * (T + 1) if cfg.logprob_chunk_size is None else min(cfg.logprob_chunk_size, rows * (T + 1))
-    score_logits = scored * policy.vocab * (act + 4 + (4 if half or cfg.temperature != 1.0 else 0))
+    scored = rows * (T + 1) if cfg.memory.logprob_chunk is None else min(cfg.memory.logprob_chunk, rows * (T + 1))
+    score_logits = scored * policy.vocab * (act + 4 + (4 if half or cfg.sampling.temperature != 1.0 else 0))
     rollout = {**static, "KV cache": kv, "sampling logits": sampling_logits, "scoring activations": transient, "scoring logits": score_logits}
-    rollout["rollout buffers"] = 10 * cfg.rollout_batch_size * T * 4 + 2 * cfg.rollout_batch_size * prompt_len * 8
+    rollout["rollout buffers"] = 10 * cfg.batch.rollout * T * 4 + 2 * cfg.batch.rollout * prompt_len * 8
     if half:
         rollout["bf16 weight copies"] = split(2 * policy.params * (1 if lora else 2) + (2 * critic.params if separate else 0), 3)
 
     # update: one micro-batch through policy (and separate critic), then backward
-    b = cfg.minibatch_size // (cfg.gradient_accumulation_steps * processes)
+    b = cfg.batch.minibatch // (cfg.batch.accumulation_steps * processes)
     if b < 1:
         raise ValueError(
-            f"minibatch_size = {cfg.minibatch_size} leaves no response for a micro-batch with gradient_accumulation_steps = "
-            f"{cfg.gradient_accumulation_steps} on {processes} processes"
+            f"batch.minibatch = {cfg.batch.minibatch} leaves no response for a micro-batch with batch.accumulation_steps = "
+            f"{cfg.batch.accumulation_steps} on {processes} processes"
         )
     trained_shapes = [policy, critic] if separate else [policy]
     block = lambda shape: _BLOCK_KEPT * shape.hidden + _MLP_KEPT[shape.mlp] * shape.intermediate  # noqa: E731
-    if cfg.gradient_checkpointing:
+    if cfg.memory.gradient_checkpointing:
         # each block keeps its input; the backward recomputes one block at a time, of one model
         # at a time (an upper bound: non-reentrant checkpointing frees each recomputed tensor
         # as soon as the backward has used it)
@@ -298,10 +298,10 @@ def estimate_memory(
     else:
         units = sum(s.n_layer * block(s) + _OUTSIDE_BLOCKS * s.hidden for s in trained_shapes)
     activations = b * L * units * act
-    chunk = cfg.logprob_chunk_size
+    chunk = cfg.memory.logprob_chunk
     positions = b * T if chunk is None else min(chunk, b * T)
     per_logit = 3 * 4 + (act if half else 0)  # logits (bf16 copy under autocast), their gradient, softmax
-    logits = positions * policy.vocab * per_logit * (2 if cfg.entropy_coef > 0 else 1)
+    logits = positions * policy.vocab * per_logit * (2 if cfg.loss.entropy_coef > 0 else 1)
     update = {**static, "gradients": split(4 * trained, 2), "activations": activations, "logits": logits}
     update["rollout buffers"] = rollout["rollout buffers"]
     if half:

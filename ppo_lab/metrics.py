@@ -13,8 +13,8 @@ The objective metrics follow the rewards the advantages were computed from (chap
     objective/non_score_reward = mean_b  -kl_coef * sum_t KL_est[b, t]      (kl_estimator)
     objective/rlhf_reward      = mean_b  (score'_b - kl_coef * sum_t KL_est[b, t])
 
-with score' the score the rewards were shaped from (after the `reference_score_norm` gain and
-bias, `missing_eos_score` or `missing_eos_penalty`, `score_norm` and `score_clip`); with
+with score' the score the rewards were shaped from (after the `reward.reference_norm` gain and
+bias, `reward.truncated_score` or `reward.truncated_penalty`, `reward.normalize` and `reward.clip`); with
 `kl_in="reward"` the second is exactly the mean summed shaped reward (before `whiten_rewards`).
 `objective/kl` is always the k1 estimate sum_t (log pi_old - log pi_ref), the plain log-ratio
 whose mean over samples is the sequence KL, whatever estimator shapes the reward.
@@ -38,7 +38,7 @@ WEIGHT_GROWTH_LIMIT = 10.0
 def rollout_metrics(
     *,
     scores: torch.Tensor,
-    has_eos: torch.Tensor,
+    ended: torch.Tensor,
     old_logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
     entropy: torch.Tensor,
@@ -52,7 +52,7 @@ def rollout_metrics(
     """The rollout's metrics as 0-dim tensors.
 
     Args:
-        scores: (B,) raw scores from the reward; has_eos: (B,) bool.
+        scores: (B,) raw scores from the reward; ended: (B,) bool.
         old_logprobs, ref_logprobs, entropy, mask: (B, T) from the rollout.
         rewards: (B, T) the shaped per-token rewards the advantages came from (None when the
             update was skipped); advantages: (B, T), or None likewise.
@@ -72,7 +72,7 @@ def rollout_metrics(
     return {
         "reward/score_mean": scores.mean(),
         "reward/score_std": scores.std() if len(scores) > 1 else torch.zeros((), device=scores.device),
-        "reward/eos_fraction": has_eos.float().mean(),
+        "reward/eos_fraction": ended.float().mean(),
         "objective/kl": kl_seq.mean(),
         "objective/entropy": masked_mean(entropy, mask),
         "objective/non_score_reward": penalty_seq.mean(),
@@ -104,7 +104,7 @@ def rollout_problems(rollout, whiten: bool, reward_name: str) -> list[tuple[str,
     if not finite.pop(0):
         raise ValueError(
             "the rollout's response mask must hold only 0 and 1, with at least one real token in every row "
-            "(and two in all to whiten the advantages: with rollout_batch_size = 1, set whiten_advantages to false)"
+            "(and two in all to whiten the advantages: with batch.rollout = 1, set advantage.whiten to false)"
         )
     found = []
     if not finite[0]:
@@ -177,7 +177,7 @@ class CollapseWatch:
         self.since = (iteration, what, newest_checkpoint())
         return (
             f"iteration {iteration}: the policy has collapsed: {what} (objective/kl = {stats['objective/kl']:.3g} nats "
-            f"from the reference). A learning rate far too large (learning_rate = {learning_rate:g}) or too many epochs on "
+            f"from the reference). A learning rate far too large (optim.lr = {learning_rate:g}) or too many epochs on "
             f"one batch usually does this. Training goes on, but what is saved from here on is the collapsed policy; {self._before()}"
         )
 
@@ -209,7 +209,7 @@ def health_message(iteration: int, broken: str | None, skipped: list, bad_update
     `newest` is the newest checkpoint (or None), named so the user knows where to resume."""
     if broken:
         where = f"; the newest checkpoint is {str(newest)!r}" if newest else ""
-        return f"iteration {iteration}: {broken} (learning_rate = {learning_rate:g} is probably far too large). Stopping; the final policy is not saved{where}", True
+        return f"iteration {iteration}: {broken} (optim.lr = {learning_rate:g} is probably far too large). Stopping; the final policy is not saved{where}", True
     if not skipped:
         return None, False
     problem, metric, detail = skipped[0]
@@ -217,7 +217,7 @@ def health_message(iteration: int, broken: str | None, skipped: list, bad_update
     if bad_updates < max_bad_updates:
         return message, False
     where = f"; the newest checkpoint is {str(newest)!r} (written when its iteration's weights and metrics were finite)" if newest else ""
-    return f"{message}. Stopping: PPOConfig.max_bad_updates = {max_bad_updates} reached{where}", True
+    return f"{message}. Stopping: run.max_bad_updates = {max_bad_updates} reached{where}", True
 
 
 class RunHealth:

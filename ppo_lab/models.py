@@ -126,7 +126,7 @@ def load_policy(name: str, trust_remote_code: bool = False) -> nn.Module:
     float32 whatever dtype the checkpoint was saved in: transformers 5 loads a bf16 checkpoint
     (Qwen2.5, Llama 3) in bf16 by default, and AdamW on bf16 weights has no fp32 master copy:
     at a learning rate of 1e-6 most updates are smaller than bf16's rounding step and vanish.
-    Mixed precision (`PPOConfig.precision`) runs the forwards in bf16 under autocast instead.
+    Mixed precision (`memory.precision`) runs the forwards in bf16 under autocast instead.
     """
     from transformers import AutoModelForCausalLM
 
@@ -146,7 +146,7 @@ def to_float32(model: nn.Module, role: str) -> nn.Module:
     if low:
         import warnings
 
-        warnings.warn(f"the {role} passed in has {', '.join(low)} weights; cast to float32 so that AdamW updates a full-precision copy (PPOConfig.precision = 'bf16' runs the forwards in bf16)", stacklevel=3)
+        warnings.warn(f"the {role} passed in has {', '.join(low)} weights; cast to float32 so that AdamW updates a full-precision copy (memory.precision = 'bf16' runs the forwards in bf16)", stacklevel=3)
         model.float()
     return model
 

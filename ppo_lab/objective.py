@@ -38,14 +38,14 @@ class Objective:
         self.choices = choices if choices is not None else Choices()
         # the registered functions, looked up once (Appendix A's choice may replace the estimator per call);
         # every setting is read from `config` at each call, so a changed field takes effect at once
-        self.estimator = get_advantage_estimator(config.advantage_estimator)
-        self.policy_loss = get_policy_loss(config.policy_loss)
+        self.estimator = get_advantage_estimator(config.advantage.estimator)
+        self.policy_loss = get_policy_loss(config.loss.policy)
 
     def advantages(self, ro: Rollout, kl_coef: float, gain: float = 1.0, bias: float = 0.0):
         """(rewards, advantages, returns), each (B, T): the score on the last token minus the KL
         penalty on every token (chapter 5), then the configured estimator (chapters 4, 10), then
-        whitening (chapter 4). `kl_coef` is the current KL coefficient, `gain` and `bias` the
-        run's fixed score map (`reference_score_norm`). The rewards are returned for the log."""
+        whitening (chapter 4). `kl.coef` is the current KL coefficient, `gain` and `bias` the
+        run's fixed score map (`reward.reference_norm`). The rewards are returned for the log."""
         scores = self.scores(ro, gain, bias)  # the reward's scores, adjusted (chapters 5, 8, 10)
         rewards = self.shape(ro, scores, kl_coef)  # score on the last real token, -kl_coef x KL on every token
         advantages, returns = self.estimate(ro, rewards, scores)  # the estimator (GAE by default)
@@ -55,62 +55,62 @@ class Objective:
         """(B,) the scores that are shaped: the reward's, with DAPO's overlong penalty added, then
         the missing-EOS rule, the batch normalisation and the fixed gain and bias (`adjust_scores`)."""
         cfg, raw = self.config, ro.scores
-        if cfg.overlong_buffer:  # DAPO's soft overlong punishment, by length alone, added to the reward's score
-            raw = raw + overlong_penalty(ro.mask.sum(dim=-1), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty_factor).to(raw.dtype)
-        return adjust_scores(raw, ro.has_eos, cfg.missing_eos_penalty, cfg.score_norm, missing_eos_score=cfg.missing_eos_score, gain=gain, bias=bias)
+        if cfg.reward.overlong_buffer:  # DAPO's soft overlong punishment, by length alone, added to the reward's score
+            raw = raw + overlong_penalty(ro.mask.sum(dim=-1), cfg.sampling.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty).to(raw.dtype)
+        return adjust_scores(raw, ro.ended, cfg.reward.truncated_penalty, cfg.reward.normalize, truncated_score=cfg.reward.truncated_score, gain=gain, bias=bias)
 
     def placed(self, scores: torch.Tensor) -> torch.Tensor:
         """(B,) the scores as they sit on the last token: clipped to +-score_clip when it is set."""
-        clip = self.config.score_clip
+        clip = self.config.reward.clip
         return scores.clamp(-clip, clip) if clip is not None else scores
 
     def shape(self, ro: Rollout, scores: torch.Tensor, kl_coef: float) -> torch.Tensor:
         """(B, T) the per-token rewards (`shape_rewards`); with the KL in the loss, the score alone."""
         cfg = self.config
-        shaped = shape_rewards(scores, ro.old_logprobs, ro.ref_logprobs, ro.mask, kl_coef if cfg.kl_in == "reward" else 0.0, cfg.kl_estimator, cfg.score_clip)
+        shaped = shape_rewards(scores, ro.old_logprobs, ro.ref_logprobs, ro.mask, kl_coef if cfg.kl.placement == "reward" else 0.0, cfg.kl.estimator, cfg.reward.clip)
         return self.choices.place_score(shaped, self.placed(scores), ro.mask)
 
     def estimate(self, ro: Rollout, rewards: torch.Tensor, scores: torch.Tensor):
         """(advantages, returns), each (B, T), from the configured estimator with `lam`; the
-        critic's targets use `critic_lam` when it is set (VAPO's decoupled lambda). With
+        critic's targets use `critic.lam` when it is set (VAPO's decoupled lambda). With
         `whiten_rewards` the estimator sees the rewards scaled to std 1, their mean kept, so the
         sign of the KL penalty survives (OpenAI 2019)."""
         cfg, estimator = self.config, self.choices.estimator(self.estimator)
-        if cfg.whiten_rewards:
+        if cfg.advantage.whiten_rewards:
             rewards = masked_whiten(rewards, ro.mask, shift_mean=False)
-        common = dict(values=ro.values, group_ids=ro.group_ids, scores=self.placed(scores), gamma=cfg.gamma)
-        advantages, returns = estimator(rewards, ro.mask, lam=cfg.lam, **common)
-        if cfg.critic_lam is not None and cfg.critic_lam != cfg.lam:
-            _, returns = estimator(rewards, ro.mask, lam=cfg.critic_lam, **common)
+        common = dict(values=ro.values, group_ids=ro.group_ids, scores=self.placed(scores), gamma=cfg.advantage.gamma)
+        advantages, returns = estimator(rewards, ro.mask, lam=cfg.advantage.lam, **common)
+        if cfg.critic.lam is not None and cfg.critic.lam != cfg.advantage.lam:
+            _, returns = estimator(rewards, ro.mask, lam=cfg.critic.lam, **common)
         return advantages, returns
 
     def normalise(self, ro: Rollout, advantages: torch.Tensor) -> torch.Tensor:
-        """(B, T) the advantages whitened over the real tokens (`whiten_advantages`). With DAPO's
-        `overlong_filter` a response that ran out of tokens gets advantage 0 and does not shape
+        """(B, T) the advantages whitened over the real tokens (`advantage.whiten`). With DAPO's
+        `advantage.drop_truncated` a response that ran out of tokens gets advantage 0 and does not shape
         the whitening."""
         cfg = self.config
         counted = ro.mask
-        if cfg.overlong_filter and bool(ro.has_eos.any()):
-            counted = ro.mask * ro.has_eos.to(ro.mask.dtype)[:, None]
-        if cfg.whiten_advantages:
+        if cfg.advantage.drop_truncated and bool(ro.ended.any()):
+            counted = ro.mask * ro.ended.to(ro.mask.dtype)[:, None]
+        if cfg.advantage.whiten:
             advantages = self.choices.whiten(advantages, counted)
-        if cfg.overlong_filter:
-            advantages = advantages * ro.has_eos.to(advantages.dtype)[:, None]
+        if cfg.advantage.drop_truncated:
+            advantages = advantages * ro.ended.to(advantages.dtype)[:, None]
         return advantages
 
     def loss(self, *, logprobs, entropy, values, batch, kl_coef: float, penalty_beta: float, train_policy: bool = True):
         """The loss of one micro-batch and its metrics (`losses.ppo_loss`, with this run's
-        settings); `kl_coef` and `penalty_beta` are the controllers' current values."""
+        settings); `kl.coef` and `penalty_beta` are the controllers' current values."""
         cfg = self.config
         # seq-mean-token-sum-norm divides by the generation budget, not by a batch's padded width
         # (which is its longest response: sampling stops when every response has)
-        norm_length = float(cfg.max_new_tokens)
+        norm_length = float(cfg.sampling.max_new_tokens)
         policy_loss = functools.partial(
-            self.policy_loss, clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, dual_clip=cfg.dual_clip,
-            penalty_beta=penalty_beta, loss_agg=cfg.loss_agg, norm_length=norm_length,
+            self.policy_loss, clip_eps=cfg.loss.clip_eps, clip_eps_high=cfg.loss.clip_eps_high, dual_clip=cfg.loss.dual_clip,
+            penalty_beta=penalty_beta, loss_agg=cfg.loss.aggregation, norm_length=norm_length,
         )
         return ppo_loss(
-            policy_loss, logprobs=logprobs, entropy=entropy, values=values, batch=batch, vf_coef=cfg.vf_coef, value_clip=cfg.value_clip,
-            entropy_coef=cfg.entropy_coef, kl_coef=kl_coef if cfg.kl_in == "loss" else None, kl_estimator=cfg.kl_estimator,
-            loss_agg=cfg.loss_agg, norm_length=norm_length, train_policy=train_policy,
+            policy_loss, logprobs=logprobs, entropy=entropy, values=values, batch=batch, vf_coef=cfg.critic.loss_coef, value_clip=cfg.critic.clip,
+            entropy_coef=cfg.loss.entropy_coef, kl_coef=kl_coef if cfg.kl.placement == "loss" else None, kl_estimator=cfg.kl.estimator,
+            loss_agg=cfg.loss.aggregation, norm_length=norm_length, train_policy=train_policy,
         )

@@ -5,13 +5,13 @@ explains the micro-batches and processes behind `backward`. The trainer's update
 hands each one to `step`, which
 
 1. accumulates the minibatch's gradient over micro-batches (`backward`): each process takes its
-   share of the rows, in `gradient_accumulation_steps` micro-batches, and each micro-batch's loss
+   share of the rows, in `batch.accumulation_steps` micro-batches, and each micro-batch's loss
    is weighted by its share of the minibatch's normaliser, so the gradient is that of the whole
    minibatch however it is split (aggregation.py); a mean of micro-batch means would weigh the
    tokens of short micro-batches more;
 2. clips the gradient norm, of everything at once or of each model alone (`clip_gradients`);
 3. drops the gradient without a step when its norm is not finite (a non-finite loss never
-   reaches the weights), or when the minibatch's approx KL is past `target_kl`, which ends the
+   reaches the weights), or when the minibatch's approx KL is past `optim.early_stop_kl`, which ends the
    update (Stable-Baselines3's early stop);
 4. otherwise takes the optimizer and scheduler steps.
 """
@@ -55,7 +55,7 @@ class OptimizerStep:
         """One step on the rows `minibatch` of a rollout whose response mask is `mask` (B, T);
         `loss_fn(rows)` gives a micro-batch's (loss, metrics). The step's metrics go to
         `collected`, its count to `counts`, and a step dropped for non-finite gradients to
-        `skipped` as (problem, metric, detail). False once past `target_kl`: no further step is
+        `skipped` as (problem, metric, detail). False once past `optim.early_stop_kl`: no further step is
         taken on this batch."""
         step_metrics = self.backward(mask, minibatch, loss_fn)
         # taken after DDP's all-reduce: every process sees the same norm and decides alike

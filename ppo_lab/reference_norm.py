@@ -1,7 +1,7 @@
 """The score's scale fixed once, from the reference policy's responses (chapter 8).
 
 OpenAI's 2019 runs normalised their reward model so that the reference policy's responses
-score mean 0 and std 1; N+ centres its SFT references at 0. `PPOConfig.reference_score_norm`
+score mean 0 and std 1; N+ centres its SFT references at 0. `reward.reference_norm`
 does the same before the first update: `reference_scores` samples the responses and scores them
 with the run's reward, `shaping.reference_normalization` turns the scores into a gain and a
 bias, and `shaping.adjust_scores` applies them to every score of the run. The pair is kept in
@@ -25,7 +25,7 @@ def reference_scores(trainer, n: int) -> torch.Tensor:
     Sampled from the policy before any update, which is the reference then (the adapter is still
     zero under LoRA)."""
     acc, prompts_all = trainer.accelerator, trainer.train_prompts
-    g = draws(trainer.config.seed, None, "reference")
+    g = draws(trainer.config.run.seed, None, "reference")
     order = torch.cat([torch.randperm(len(prompts_all), generator=g) for _ in range(-(-n // len(prompts_all)))])
     prompts = [prompts_all[i] for i in order[:n].tolist()]
     uniforms = torch.rand(n, trainer.sampling.max_new_tokens, generator=g)

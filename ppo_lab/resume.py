@@ -20,6 +20,7 @@ from .checkpoint import (
     save_checkpoint,
     warn_if_config_changed,
 )
+from .config import upgrade
 
 
 def save_trainer_checkpoint(trainer) -> Path:
@@ -40,7 +41,7 @@ def save_trainer_checkpoint(trainer) -> Path:
             "history": trainer.history, "config": trainer.config.to_dict(), "run_id": trainer.run_id,
             "score_map": [trainer.score_gain, trainer.score_bias],
         }
-        path = save_checkpoint(root, trainer.iteration, tensors, objects, state, keep=trainer.config.keep_checkpoints)
+        path = save_checkpoint(root, trainer.iteration, tensors, objects, state, keep=trainer.config.run.keep_checkpoints)
     trainer.accelerator.wait_for_everyone()
     return path
 
@@ -60,8 +61,8 @@ def load_trainer_checkpoint(trainer, where: str | Path) -> Path:
     folder_run_id = trainer.out.run_id()
     if state.get("run_id") and folder_run_id is not None and folder_run_id != state["run_id"]:
         raise ValueError(
-            f"checkpoint {str(path)!r} belongs to another run than the one in output_dir {str(trainer.output_dir)!r} "
-            "(its run.json names a different run); resume into the checkpoint's own output_dir"
+            f"checkpoint {str(path)!r} belongs to another run than the one in run.output_dir {str(trainer.output_dir)!r} "
+            "(its run.json names a different run); resume into the checkpoint's own run.output_dir"
         )
     if trainer.critic is not None and "critic" not in tensors:
         raise ValueError(f"checkpoint {str(path)!r} has no critic, but this run uses a separate critic")
@@ -79,17 +80,17 @@ def load_trainer_checkpoint(trainer, where: str | Path) -> Path:
     if trainer.penalty_ctl is not None and state["penalty_ctl"] is not None:
         trainer.penalty_ctl.load_state_dict(state["penalty_ctl"])
     trainer.run_id = state.get("run_id", trainer.run_id)
-    saved_norm = state["config"].get("reference_score_norm", "none")
-    if saved_norm != trainer.config.reference_score_norm:
+    saved_norm = upgrade(state["config"]).get("reward", {}).get("reference_norm", "none")
+    if saved_norm != trainer.config.reward.reference_norm:
         raise ValueError(
-            f"checkpoint {str(path)!r} was trained with reference_score_norm = {saved_norm!r}, this run asks for "
-            f"{trainer.config.reference_score_norm!r}: the scores would change scale mid-run; resume with {saved_norm!r}"
+            f"checkpoint {str(path)!r} was trained with reward.reference_norm = {saved_norm!r}, this run asks for "
+            f"{trainer.config.reward.reference_norm!r}: the scores would change scale mid-run; resume with {saved_norm!r}"
         )
-    trainer.score_gain, trainer.score_bias = state.get("score_map", (1.0, 0.0))  # reference_score_norm's, fitted once
-    if trainer.config.total_iterations < state["iteration"]:  # it would train nothing and rewrite config.yaml to contradict the log
+    trainer.score_gain, trainer.score_bias = state.get("score_map", (1.0, 0.0))  # reward.reference_norm's, fitted once
+    if trainer.config.run.iterations < state["iteration"]:  # it would train nothing and rewrite config.yaml to contradict the log
         raise ValueError(
-            f"PPOConfig.total_iterations = {trainer.config.total_iterations} is below the iteration of checkpoint {str(path)!r} "
-            f"({state['iteration']}): there is nothing to resume; set total_iterations above {state['iteration']}"
+            f"run.iterations = {trainer.config.run.iterations} is below the iteration of checkpoint {str(path)!r} "
+            f"({state['iteration']}): there is nothing to resume; set run.iterations above {state['iteration']}"
         )
     trainer.iteration, trainer.health.bad_updates, trainer.history = state["iteration"], state["bad_updates"], state["history"]
     trainer.prompt_stream.load_state_dict(state["prompts"])

@@ -155,7 +155,7 @@ class SequenceClassifierReward:
         disable_dropout(self.model).eval().requires_grad_(False).to(device)
         labels = int(getattr(self.model.config, "num_labels", 1))
         if not -labels <= label_index < labels:  # found here, not as an IndexError at the first rollout
-            raise ValueError(f"reward_label_index = {label_index}, but the reward model {name!r} has {labels} label{'s' if labels != 1 else ''} (valid: {-labels} to {labels - 1})")
+            raise ValueError(f"reward.label_index = {label_index}, but the reward model {name!r} has {labels} label{'s' if labels != 1 else ''} (valid: {-labels} to {labels - 1})")
         self.label_index, self.device, self.batch_size = label_index, device, batch_size
         self.gain = float(getattr(self.model.config, "reward_gain", 1.0))
         self.bias = float(getattr(self.model.config, "reward_bias", 0.0))
@@ -265,7 +265,7 @@ def load_reward(spec: str | None, task=None, label_index: int = -1, device="cpu"
         import sys
 
         if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.append(os.getcwd())  # `ppo-lab train --reward my_rewards:score` from the folder holding my_rewards.py
+            sys.path.append(os.getcwd())  # `ppo-lab train --reward.source my_rewards:score` from the folder holding my_rewards.py
         try:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as err:

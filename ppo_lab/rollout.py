@@ -57,7 +57,7 @@ def output_head(model):
             found = _unwrap(getattr(holder, attribute), "get_output_embeddings")
     head = found.get_output_embeddings() if found is not None else None
     if head is None:
-        raise ValueError(f"{type(model).__name__} has no output embedding (LM head): logprob_chunk_size needs one")
+        raise ValueError(f"{type(model).__name__} has no output embedding (LM head): memory.logprob_chunk needs one")
     return head
 
 
@@ -104,7 +104,7 @@ def response_logprobs(model, query_ids, query_mask, response_ids, mask, temperat
 
 @torch.no_grad()
 def check_chunkable(model, input_ids: torch.Tensor) -> None:
-    """Refuse `logprob_chunk_size` for a model whose logits are not its head applied to the
+    """Refuse `memory.logprob_chunk` for a model whose logits are not its head applied to the
     hidden states (Gemma 2's soft-capping and Cohere's logit scale act after the head)."""
     attention = torch.ones_like(input_ids)
     positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
@@ -116,8 +116,8 @@ def check_chunkable(model, input_ids: torch.Tensor) -> None:
     rebuilt = head(hidden).float()
     if rebuilt.shape != logits.shape or not torch.allclose(rebuilt, logits, rtol=1e-3, atol=1e-3 * (1 + logits.abs().max().item())):
         raise ValueError(
-            f"PPOConfig.logprob_chunk_size needs logits = lm_head(hidden states), but {type(model).__name__} changes its logits "
-            "after the head (e.g. soft-capping or a logit scale); set logprob_chunk_size to None for this model"
+            f"memory.logprob_chunk needs logits = lm_head(hidden states), but {type(model).__name__} changes its logits "
+            "after the head (e.g. soft-capping or a logit scale); set memory.logprob_chunk to None for this model"
         )
 
 

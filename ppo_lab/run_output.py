@@ -12,11 +12,11 @@
 
 Only the main process writes. A run deletes only what a run of ppo_lab recorded as its own: the
 names listed in the folder's `run.json`, never a file that merely has one of those names.
-- A folder that holds a run's results is refused unless `overwrite_output_dir` (then the old
+- A folder that holds a run's results is refused unless `run.overwrite` (then the old
   run's own files go, and any other file in the folder stays) or `resume_from` (then its logs
   are cut back to the checkpoint).
 - A folder with no `run.json` that is not empty holds someone else's files: it is refused unless
-  `overwrite_output_dir` says to write beside them, and refused in any case when one of them has
+  `run.overwrite` says to write beside them, and refused in any case when one of them has
   a name the run writes (a `config.yaml` of the user's, say), since the run would replace it.
 """
 
@@ -34,7 +34,7 @@ RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "policy", "config.
 
 
 class RunOutput:
-    """The files of one run in `output_dir`, written by the main process of `accelerator`."""
+    """The files of one run in `run.output_dir`, written by the main process of `accelerator`."""
 
     def __init__(self, output_dir: str | Path, accelerator, overwrite: bool = False):
         self.raw = str(output_dir)  # Path("") is Path("."): an empty name must be caught before
@@ -52,31 +52,31 @@ class RunOutput:
         overwriting) and none of someone else's files the run would replace; checked before
         anything is loaded."""
         if not self.raw.strip():
-            raise ValueError("output_dir is empty: name a new or empty folder for the run (for example runs/ppo)")
+            raise ValueError("run.output_dir is empty: name a new or empty folder for the run (for example runs/ppo)")
         if self.dir.exists() and not self.dir.is_dir():
-            raise ValueError(f"output_dir {str(self.dir)!r} is a file, not a folder")
+            raise ValueError(f"run.output_dir {str(self.dir)!r} is a file, not a folder")
         owned = self.owned()
         if owned is None:  # no run of ppo_lab here: whatever the folder holds is someone else's
             others = sorted(p.name for p in self.dir.iterdir() if not p.name.startswith(".write-test-")) if self.dir.is_dir() else []
             clash = [n for n in others if n in RUN_FILES or n.startswith(("policy.tmp-", "policy.old-"))]
             if clash:
                 raise ValueError(
-                    f"output_dir {str(self.dir)!r} holds {', '.join(clash)}, not written by a run of ppo_lab "
-                    "(the folder has no run.json); a run would write over them. Choose a new or empty output_dir"
+                    f"run.output_dir {str(self.dir)!r} holds {', '.join(clash)}, not written by a run of ppo_lab "
+                    "(the folder has no run.json); a run would write over them. Choose a new or empty run.output_dir"
                 )
             if others and not self.overwrite:
                 shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
                 raise ValueError(
-                    f"output_dir {str(self.dir)!r} is not empty and holds no run of ppo_lab ({shown}); choose a "
-                    "new or empty output_dir, or set overwrite_output_dir to write the run beside those files "
+                    f"run.output_dir {str(self.dir)!r} is not empty and holds no run of ppo_lab ({shown}); choose a "
+                    "new or empty run.output_dir, or set run.overwrite to write the run beside those files "
                     "(they are left as they are)"
                 )
             return self._probe()
         held = [n for n in RUN_FILES[:4] if n in owned and (self.dir / n).exists()]
         if held and not self.overwrite:
             raise ValueError(
-                f"output_dir {str(self.dir)!r} already holds a run ({held[0]}); choose another "
-                "output_dir, set overwrite_output_dir to replace it, or set resume_from to continue it"
+                f"run.output_dir {str(self.dir)!r} already holds a run ({held[0]}); choose another "
+                "run.output_dir, set run.overwrite to replace it, or set run.resume_from to continue it"
             )
         self._probe()
 
@@ -89,11 +89,11 @@ class RunOutput:
         try:
             record = json.loads(path.read_text())
         except ValueError:
-            raise ValueError(f"{str(path)!r} is not readable JSON; delete it if output_dir holds only this checkpoint's run") from None
+            raise ValueError(f"{str(path)!r} is not readable JSON; delete it if run.output_dir holds only this checkpoint's run") from None
         if not isinstance(record, dict):
             raise ValueError(
                 f"{str(path)!r} holds JSON but not a run record (a JSON object; found {type(record).__name__}); "
-                "delete it if output_dir holds only this checkpoint's run"
+                "delete it if run.output_dir holds only this checkpoint's run"
             )
         return record
 
@@ -105,7 +105,7 @@ class RunOutput:
             return None
         files = record.get("files", list(RUN_FILES))
         if not isinstance(files, list) or not all(isinstance(n, str) and n in RUN_FILES for n in files):
-            raise ValueError(f"{str(self.dir / 'run.json')!r} does not list a run's files as ppo_lab writes them; move the folder's files elsewhere or choose another output_dir")
+            raise ValueError(f"{str(self.dir / 'run.json')!r} does not list a run's files as ppo_lab writes them; move the folder's files elsewhere or choose another run.output_dir")
         return files
 
     def _probe(self) -> None:
@@ -116,7 +116,7 @@ class RunOutput:
                 probe.write_text("")
                 probe.unlink()
             except OSError as err:
-                raise ValueError(f"output_dir {str(self.dir)!r} cannot be written: {err.strerror or err}") from None
+                raise ValueError(f"run.output_dir {str(self.dir)!r} cannot be written: {err.strerror or err}") from None
 
     def prepare(self, *, iteration: int, resumed: bool, config: dict, run_id: str, trackers: bool = False, logged: list[dict] | None = None) -> None:
         """Claim the folder: a fresh run removes an overwritten run's files; a resumed run keeps
@@ -161,7 +161,9 @@ class RunOutput:
                 shutil.rmtree(stale, ignore_errors=True)
         self.accelerator.wait_for_everyone()
         if trackers:  # report_to: accelerate's trackers (tensorboard, wandb, ...) log to output_dir/ppo_lab
-            self.accelerator.init_trackers("ppo_lab", config={k: v for k, v in config.items() if v is not None})
+            # trackers take flat hyperparameters: one "group.field" key each
+            flat = {f"{key}.{name}": v for key, values in config.items() for name, v in values.items()}
+            self.accelerator.init_trackers("ppo_lab", config={k: v for k, v in flat.items() if v is not None})
         self.trackers, self.ready = trackers, True
 
     def log(self, metrics: dict, iteration: int) -> None:

@@ -5,8 +5,8 @@ In the large frameworks an inference engine samples and a training engine learns
 log-probs differ, so the rollout's pi_old is either the sampler's own log-probs (the bypass
 form, no extra forward) or a forward of the trainer (the decoupled form, with the correction
 weights of `rollout_correction`). On one machine the sampler is the policy itself, and two
-experiment switches make it differ: `sampler_noise` samples from a perturbed copy of the
-weights, `sampler_precision` from a bfloat16 forward of an fp32 trainer.
+experiment switches make it differ: `sampler.noise` samples from a perturbed copy of the
+weights, `sampler.precision` from a bfloat16 forward of an fp32 trainer.
 
 `Sampler` holds those choices, so the trainer always makes the same calls, whatever the
 configuration: the rollout asks it where pi_old comes from (`from_sampling`, `value_head`), for
@@ -65,9 +65,9 @@ class Sampler:
     def from_config(cls, config, lm) -> Sampler:
         """The sampler of a `PPOConfig`'s fields."""
         return cls(
-            lm, seed=config.seed, noise=config.sampler_noise, precision=config.sampler_precision, old_logprobs=config.old_logprobs,
-            trainer_precision=config.precision, correction=config.rollout_correction, level=config.rollout_correction_level,
-            low=config.rollout_correction_low, high=config.rollout_correction_high,
+            lm, seed=config.run.seed, noise=config.sampler.noise, precision=config.sampler.precision, old_logprobs=config.sampler.old_logprobs_from,
+            trainer_precision=config.memory.precision, correction=config.sampler.correction, level=config.sampler.correction_level,
+            low=config.sampler.correction_low, high=config.sampler.correction_high,
         )
 
     @property

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ._checks import NonFiniteError
+from .fields import Group, _f, group, internal
 from .masked import response_mask
 from .rollout import supports_logits_to_keep
 
@@ -52,32 +53,37 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
 READ_BACK_EVERY = 8  # generated tokens between two host reads of the sampling loop's stop and nan checks
 
 
-@dataclass(frozen=True, kw_only=True)
-class Sampling:
-    """How responses are sampled: `PPOConfig`'s generation fields as one object.
+@group("sampling")
+class Sampling(Group):
+    """How responses are sampled: `PPOConfig.sampling`, the group of the generation settings.
 
     `temperature`, `top_k` and `top_p` are those of `sample_tokens` (top_k = 0 and top_p = 1
     switch them off); a response ends after its first token in `stop_ids` at a position >=
     `stop_after` (empty `stop_ids`: exactly `max_new_tokens` tokens are sampled, as benchmarks
     do). A stop token before `stop_after` is an ordinary token: the window decides where a
     response ends, not what is sampled, so log-probs need no masking of the stop tokens.
+    `stop_ids` is filled in from the tokenizer when a run is built (EOS and `stop_token`, none
+    with `ignore_eos`); `generate` reads only it, never `stop_token` or `ignore_eos`.
     """
 
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    stop_ids: tuple[int, ...] = ()
-    stop_after: int = 0
+    max_new_tokens: int = _f(12, "Most tokens generated per response.", low=1)
+    temperature: float = _f(1.0, "Sampling temperature; the same value is used in every log-prob forward.", low=0.0, low_open=True)
+    top_k: int = _f(0, "Sample from the k most likely tokens only (0 = off). Makes the PPO ratio approximate.", low=0)
+    top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off). Makes the PPO ratio approximate.", low=0.0, high=1.0, low_open=True)
+    stop_token: str | None = _f(None, "An extra token that ends a response, besides EOS.")
+    stop_after: int = _f(0, "A stop token (EOS or stop_token) ends a response only at response position >= stop_after (0-based); an earlier one is an ordinary token. Sampling itself is unchanged, so the ratio stays exact (OpenAI 2019: stop_token '.', stop_after 16).", low=0)
+    ignore_eos: bool = _f(False, "Never stop a response: sample exactly max_new_tokens tokens, all of them real (for benchmarks).")
+    responses_per_prompt: int = _f(1, "Responses sampled for each prompt (>1 for rloo/grpo).", low=1)
+    dynamic: bool = _f(False, "DAPO's dynamic sampling: drop the groups whose responses all got the same raw score from the reward (their group advantages are then 0, unless the KL or the overlong penalty separates them) and sample more prompts until batch.rollout responses of informative groups are collected; needs sampling.responses_per_prompt >= 2.")
+    dynamic_max_rounds: int = _f(4, "Most rollouts drawn per iteration by dynamic sampling; a batch still short after them is filled with dropped groups (verl stops the run instead).", low=1)
+    stop_ids: tuple[int, ...] = internal((), "The token ids that end a response (from the tokenizer).")
 
-    def __post_init__(self):
-        object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
-        if self.max_new_tokens < 1:
-            raise ValueError(f"Sampling.max_new_tokens = {self.max_new_tokens!r} must be >= 1")
-        if not 0 <= self.stop_after < self.max_new_tokens:
-            raise ValueError(f"Sampling.stop_after = {self.stop_after!r} must be in [0, max_new_tokens = {self.max_new_tokens})")
-        if not self.temperature > 0:
-            raise ValueError(f"Sampling.temperature = {self.temperature!r} must be > 0")
+    def check(self):
+        self.stop_ids = tuple(int(i) for i in self.stop_ids)
+        if self.stop_after >= self.max_new_tokens:
+            raise ValueError(f"sampling.stop_after = {self.stop_after} leaves no position where a response could stop (max_new_tokens = {self.max_new_tokens})")
+        if self.dynamic and self.responses_per_prompt < 2:
+            raise ValueError(f"sampling.dynamic drops the groups whose responses all scored alike: set sampling.responses_per_prompt >= 2 (got {self.responses_per_prompt})")
 
 
 @dataclass
@@ -109,7 +115,7 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
     policy's scoring forward; `value_head` (a module mapping hidden states to values) does the
     same for a value head on the policy's backbone. In float32 they agree with a full forward
     to round-off (tested); in bf16 the cached and the full forward differ more, which is why
-    the trainer recomputes them there (`PPOConfig.old_logprobs`).
+    the trainer recomputes them there (`sampler.old_logprobs_from`).
     """
     if not isinstance(sampling, Sampling):
         raise TypeError(f"`sampling` must be a ppo_lab.Sampling(max_new_tokens=..., ...), got {type(sampling).__name__}")

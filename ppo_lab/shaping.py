@@ -106,12 +106,12 @@ def shape_rewards(
 
 def adjust_scores(
     scores: torch.Tensor,
-    has_eos: torch.Tensor | None = None,
-    missing_eos_penalty: float | None = None,
+    ended: torch.Tensor | None = None,
+    truncated_penalty: float | None = None,
     normalize: bool = False,
     eps: float = 1e-8,
     *,
-    missing_eos_score: float | None = None,
+    truncated_score: float | None = None,
     gain: float = 1.0,
     bias: float = 0.0,
 ) -> torch.Tensor:
@@ -119,14 +119,14 @@ def adjust_scores(
 
     Args:
         scores: (B,) raw scores from the reward.
-        has_eos: (B,) bool, whether each response ended with a stop token (needed with a
+        ended: (B,) bool, whether each response ended with a stop token (needed with a
             penalty or a replacement score).
-        missing_eos_penalty: if given, subtracted from the score of every response that ran out
-            of tokens without stopping (TRL's `missing_eos_penalty`): a reward model judges
+        truncated_penalty: if given, subtracted from the score of every response that ran out
+            of tokens without stopping (TRL's `reward.truncated_penalty`): a reward model judges
             truncated text as if it were finished, and the policy learns to ramble otherwise.
         normalize: rescale the batch to mean 0, std 1 (unbiased), which keeps the reward's
             scale from setting the effective learning rate.
-        missing_eos_score: if given, the score of every response without a stop token is
+        truncated_score: if given, the score of every response without a stop token is
             replaced by this value (the "EOS trick" of OpenAI 2019 and N+, which use -1): unlike
             a penalty, it does not depend on what the reward model made of the truncated text.
         gain, bias: a fixed affine map applied first, `gain * score + bias` (see
@@ -137,22 +137,22 @@ def adjust_scores(
     Returns:
         (B,) adjusted scores (a new tensor).
 
-    Example: scores [1.0, 2.0], has_eos [True, False], penalty 1.0 -> [1.0, 1.0];
-    with missing_eos_score -1.0 instead -> [1.0, -1.0].
+    Example: scores [1.0, 2.0], ended [True, False], penalty 1.0 -> [1.0, 1.0];
+    with truncated_score -1.0 instead -> [1.0, -1.0].
     """
     check_tensor("scores", scores, ndim=1)
     check_float(scores=scores)
-    if missing_eos_penalty is not None and missing_eos_score is not None:
-        raise ValueError("give missing_eos_penalty or missing_eos_score, not both")
+    if truncated_penalty is not None and truncated_score is not None:
+        raise ValueError("give truncated_penalty or truncated_score, not both")
     out = scores * gain + bias
-    if missing_eos_penalty is not None or missing_eos_score is not None:
-        if has_eos is None or has_eos.shape != scores.shape:
-            raise ValueError("`has_eos` must be a (B,) bool tensor when a missing_eos_penalty or missing_eos_score is given")
-    if missing_eos_penalty is not None:
-        penalty = check_range("missing_eos_penalty", missing_eos_penalty, low=0.0)
-        out = torch.where(has_eos.bool(), out, out - penalty)
-    if missing_eos_score is not None:
-        out = torch.where(has_eos.bool(), out, torch.full_like(out, float(missing_eos_score)))
+    if truncated_penalty is not None or truncated_score is not None:
+        if ended is None or ended.shape != scores.shape:
+            raise ValueError("`ended` must be a (B,) bool tensor when a truncated_penalty or truncated_score is given")
+    if truncated_penalty is not None:
+        penalty = check_range("truncated_penalty", truncated_penalty, low=0.0)
+        out = torch.where(ended.bool(), out, out - penalty)
+    if truncated_score is not None:
+        out = torch.where(ended.bool(), out, torch.full_like(out, float(truncated_score)))
     if normalize:
         if out.numel() < 2:
             raise ValueError("normalizing scores needs at least 2 responses in the batch")

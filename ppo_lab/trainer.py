@@ -84,17 +84,17 @@ class PPOTrainer:
 
     def __init__(self, config: PPOConfig, *, policy=None, tokenizer=None, reward_fn=None, train_prompts=None, eval_prompts=None, gold_fn=None):
         self.config = cfg = config
-        seed_everything(cfg.seed)
+        seed_everything(cfg.run.seed)
         self.accelerator = make_accelerator(cfg)
         dist.check_distributed_backend(self.accelerator.distributed_type)
         cfg.check_divisibility(self.accelerator.num_processes)
         self.device = self.accelerator.device
-        self.output_dir = Path(cfg.output_dir)
-        self.out = RunOutput(cfg.output_dir, self.accelerator, cfg.overwrite_output_dir)
-        if not cfg.resume_from:
+        self.output_dir = Path(cfg.run.output_dir)
+        self.out = RunOutput(cfg.run.output_dir, self.accelerator, cfg.run.overwrite)
+        if not cfg.run.resume_from:
             self.out.check()  # before minutes of loading, not after
         else:
-            ckpt.resolve_resume_from(cfg.resume_from, cfg.output_dir)  # a mistyped checkpoint, likewise
+            ckpt.resolve_resume_from(cfg.run.resume_from, cfg.run.output_dir)  # a mistyped checkpoint, likewise
 
         task = build_task(cfg, self.device, train_prompts, eval_prompts, reward_fn)
         self.task = task.builtin  # the built-in task (ppo_lab.tasks), None when prompts and reward were given
@@ -106,35 +106,35 @@ class PPOTrainer:
         *models, self.optimizer = self.accelerator.prepare(*models, optimizer)
         self.policy, self.critic = models[0], (models[1] if roles.critic is not None else None)
         self.stepper = OptimizerStep(
-            self.accelerator, self.optimizer, self.scheduler, models, minibatch_size=cfg.minibatch_size, accumulation=cfg.gradient_accumulation_steps,
-            loss_agg=cfg.loss_agg, max_grad_norm=cfg.max_grad_norm, clip_scope=cfg.grad_clip_scope, target_kl=cfg.target_kl,
+            self.accelerator, self.optimizer, self.scheduler, models, minibatch_size=cfg.batch.minibatch, accumulation=cfg.batch.accumulation_steps,
+            loss_agg=cfg.loss.aggregation, max_grad_norm=cfg.optim.max_grad_norm, clip_scope=cfg.optim.clip_scope, target_kl=cfg.optim.early_stop_kl,
         )
         # ppo_lab's choices where implementations disagree, or the others' for Appendix A (`reproduce`)
-        self.choices = Choices.parse(cfg.reproduce)
+        self.choices = Choices.parse(cfg.run.reproduce)
         self.choices.prepare(models)
-        self.score_temperature = self.choices.score_temperature(cfg.temperature)  # the temperature of every log-prob forward
-        if cfg.logprob_chunk_size:  # refuse a model whose logits are not lm_head(hidden), before any training
+        self.score_temperature = self.choices.score_temperature(cfg.sampling.temperature)  # the temperature of every log-prob forward
+        if cfg.memory.logprob_chunk:  # refuse a model whose logits are not lm_head(hidden), before any training
             with self.accelerator.autocast():  # (the head then runs in the forward's precision)
                 check_chunkable(self.bare(self.policy), self.tokenizer(self.train_prompts[:1], return_tensors="pt", add_special_tokens=False)["input_ids"].to(self.device))
         self.kl_ctl, self.penalty_ctl = build_kl_controllers(cfg)
         self.objective = Objective(cfg, self.choices)  # the advantages and the loss with this run's settings
         self.sampler = Sampler.from_config(cfg, self.lm)  # who samples, and where pi_old comes from (chapter 9)
-        groups = cfg.rollout_batch_size // cfg.responses_per_prompt
-        self.collector = collector(cfg.dynamic_sampling, cfg.responses_per_prompt, groups, cfg.dynamic_sampling_max_rounds)
+        groups = cfg.batch.rollout // cfg.sampling.responses_per_prompt
+        self.collector = collector(cfg.sampling.dynamic, cfg.sampling.responses_per_prompt, groups, cfg.sampling.dynamic_max_rounds)
         # a reward model with the policy's tokenizer reads the sampled ids, EOS included (rewards.py)
         self.reward_by_ids = reads_token_ids(self.reward_fn, self.tokenizer)
         self.gold = GoldReward(gold_fn)
         self.score_gain, self.score_bias = 1.0, 0.0  # reference_score_norm's fixed map (set below)
 
-        self.iteration, self.health, self._skipped = 0, RunHealth(cfg.max_bad_updates, cfg.learning_rate), []  # (why this iteration's steps were skipped)
+        self.iteration, self.health, self._skipped = 0, RunHealth(cfg.run.max_bad_updates, cfg.optim.lr), []  # (why this iteration's steps were skipped)
         self.history: list[dict] = []
-        self.prompt_stream = PromptStream(self.train_prompts, groups, cfg.seed)
+        self.prompt_stream = PromptStream(self.train_prompts, groups, cfg.run.seed)
         self.run_id = uuid.uuid4().hex  # a resumed run takes its checkpoint's
         self.resumed_from: Path | None = None
-        if cfg.resume_from:
-            self.resume(cfg.resume_from)  # (restores the score gain and bias too)
-        elif cfg.reference_score_norm != "none":
-            self.score_gain, self.score_bias = reference_normalization(self.reference_scores(cfg.reference_score_samples), cfg.reference_score_norm)  # fixed from here on
+        if cfg.run.resume_from:
+            self.resume(cfg.run.resume_from)  # (restores the score gain and bias too)
+        elif cfg.reward.reference_norm != "none":
+            self.score_gain, self.score_bias = reference_normalization(self.reference_scores(cfg.reward.reference_samples), cfg.reward.reference_norm)  # fixed from here on
 
     # --- helpers ---------------------------------------------------------------------------
     def bare(self, model):
@@ -170,11 +170,11 @@ class PPOTrainer:
         the reference and the critic, and the responses with the reward. Each process does its
         share; the returned rollout is the whole batch. Non-finite scores are left for `step`.
         `attempt` > 0 draws other tokens for the extra rollouts of dynamic sampling."""
-        k = self.config.responses_per_prompt
+        k = self.config.sampling.responses_per_prompt
         repeated = [p for p in prompts for _ in range(k)]
         lo, hi = dist.shard(self.accelerator, len(repeated))
         mine = repeated[lo:hi]
-        uniforms = torch.rand(len(repeated), self.sampling.max_new_tokens, generator=draws(self.config.seed, self.iteration, "sample", attempt))[lo:hi]
+        uniforms = torch.rand(len(repeated), self.sampling.max_new_tokens, generator=draws(self.config.run.seed, self.iteration, "sample", attempt))[lo:hi]
         from_sampling, value_head = self.sampler.from_sampling, self.sampler.value_head(self.bare(self.policy))
         self.set_training(False)
         # One autocast region for every forward (the sampling loop calls the bare LM, outside
@@ -191,12 +191,12 @@ class PPOTrainer:
             old_logprobs, ref_logprobs, values, entropy = score_tokens(
                 self.policy, self.reference, self.critic, drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask, self.score_temperature,
                 old_logprobs=drawn.old_logprobs if from_sampling else None, entropy=drawn.entropy if from_sampling else None,
-                values=drawn.values, batch_size=self.config.forward_batch_size, chunk_size=self.config.logprob_chunk_size,
+                values=drawn.values, batch_size=self.config.batch.forward, chunk_size=self.config.memory.logprob_chunk,
             )
         responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
         parts = dict(
             responses=responses, query_ids=drawn.query_ids, query_mask=drawn.query_mask, response_ids=drawn.response_ids, mask=drawn.mask,
-            old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values, entropy=entropy, has_eos=drawn.ended,
+            old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values, entropy=entropy, ended=drawn.ended,
             scores=self.score(mine, responses, drawn).to(self.device), sampler_logprobs=drawn.old_logprobs,
         )
         parts = dist.gather_rollout(self.accelerator, parts, self.tokenizer.pad_token_id)
@@ -229,32 +229,32 @@ class PPOTrainer:
     # --- 4. the update: epochs of shuffled minibatches ----------------------------------------
     def update(self, ro: Rollout, advantages, returns) -> dict[str, float]:
         """ppo_epochs passes of shuffled minibatches, one optimizer step per minibatch
-        (`OptimizerStep.step`: clip, skip a non-finite gradient, stop past `target_kl`);
+        (`OptimizerStep.step`: clip, skip a non-finite gradient, stop past `optim.early_stop_kl`);
         `self._skipped` records why a step was skipped."""
         cfg = self.config
         collected: dict[str, list[torch.Tensor]] = {}
         counts = self.stepper.counts()
-        shuffle = draws(cfg.seed, self.iteration, "shuffle")
+        shuffle = draws(cfg.run.seed, self.iteration, "shuffle")
         loss = lambda rows: self.minibatch_loss(ro, rows, advantages, returns)  # noqa: E731
         self.set_training(True)
-        for _ in range(cfg.ppo_epochs):
+        for _ in range(cfg.batch.epochs):
             order = torch.randperm(len(ro), generator=shuffle).to(self.device)
-            for start in range(0, len(ro), cfg.minibatch_size):
-                if not self.stepper.step(ro.mask, order[start : start + cfg.minibatch_size], loss, collected, counts, self._skipped):
+            for start in range(0, len(ro), cfg.batch.minibatch):
+                if not self.stepper.step(ro.mask, order[start : start + cfg.batch.minibatch], loss, collected, counts, self._skipped):
                     return {**mean_metrics(collected, self.mean_over_processes), **counts}  # past target_kl
         return {**mean_metrics(collected, self.mean_over_processes), **counts}
 
     def minibatch_loss(self, ro: Rollout, idx: torch.Tensor, advantages, returns):
         """The loss of the rollout's rows `idx` under the current weights, and its metrics."""
         q, qm, r, m = ro.query_ids[idx], ro.query_mask[idx], ro.response_ids[idx], ro.mask[idx]
-        train_policy = self.iteration >= self.config.value_warmup_iterations
+        train_policy = self.iteration >= self.config.critic.warmup_iterations
         values, logprobs, entropy = None, None, None
         if train_policy or self.critic is None:  # (a value warm-up with a separate critic needs no policy forward)
-            chunk = self.config.logprob_chunk_size
+            chunk = self.config.memory.logprob_chunk
             # the chunked LM head runs outside the model's forward, so outside the autocast accelerate gives it
             with self.accelerator.autocast() if chunk else contextlib.nullcontext():
                 logprobs, entropy, values = response_logprobs(
-                    self.policy, q, qm, r, m, self.score_temperature, chunk_size=chunk, with_entropy=train_policy and self.config.entropy_coef > 0
+                    self.policy, q, qm, r, m, self.score_temperature, chunk_size=chunk, with_entropy=train_policy and self.config.loss.entropy_coef > 0
                 )
         if self.critic is not None:
             values = critic_values(self.critic, q, qm, r, m)
@@ -293,7 +293,7 @@ class PPOTrainer:
         gold = self.gold.rollout_metrics(ro.prompts, ro.responses, self.mean_over_processes)
         t1 = time.perf_counter()
         kl_coef = self.kl_ctl.value
-        self._skipped = rollout_problems(ro, cfg.whiten_advantages, self.reward_name)
+        self._skipped = rollout_problems(ro, cfg.advantage.whiten, self.reward_name)
         norm_before = weight_norm(self.trained_parameters())
         metrics, rewards, advantages = {}, None, None
         if not self._skipped:
@@ -304,8 +304,8 @@ class PPOTrainer:
         # 5: the log. Every rollout metric comes back from the device in one read-back.
         with skip_value_checks():
             stats = rollout_metrics(
-                scores=ro.scores, has_eos=ro.has_eos, old_logprobs=ro.old_logprobs, ref_logprobs=ro.ref_logprobs, entropy=ro.entropy,
-                mask=ro.mask, rewards=rewards, advantages=advantages, kl_coef=kl_coef, kl_in=cfg.kl_in, kl_estimator=cfg.kl_estimator,
+                scores=ro.scores, ended=ro.ended, old_logprobs=ro.old_logprobs, ref_logprobs=ro.ref_logprobs, entropy=ro.entropy,
+                mask=ro.mask, rewards=rewards, advantages=advantages, kl_coef=kl_coef, kl_in=cfg.kl.placement, kl_estimator=cfg.kl.estimator,
             )
             stats.update(self.sampler.metrics(ro.old_logprobs, ro.sampler_logprobs, ro.mask, ro.weights))  # the sampler/trainer gap
         extra = {"tokens": ro.mask.sum(), "norm_before": norm_before, "norm_after": weight_norm(self.trained_parameters())}
@@ -335,10 +335,10 @@ class PPOTrainer:
     @torch.no_grad()
     def evaluate(self, n: int | None = None, seed: int | None = None) -> list[dict]:
         """Sample one response for each of the first `n` eval prompts and score it, with draws of
-        its own (from `seed`, default config.seed): evaluating does not change training, and the
+        its own (from `seed`, default config.run.seed): evaluating does not change training, and the
         same prompt gets the same draws at every evaluation."""
-        prompts = self.eval_prompts[: n or self.config.eval_prompts]
-        uniforms = torch.rand(len(prompts), self.sampling.max_new_tokens, generator=draws(self.config.seed if seed is None else seed, None, "eval"))
+        prompts = self.eval_prompts[: n or self.config.run.eval_count]
+        uniforms = torch.rand(len(prompts), self.sampling.max_new_tokens, generator=draws(self.config.run.seed if seed is None else seed, None, "eval"))
         self.set_training(False)
         with self.accelerator.autocast():
             drawn = generate(self.lm, self.tokenizer, prompts, self.sampling, device=self.device, uniforms=uniforms)
@@ -348,13 +348,13 @@ class PPOTrainer:
         return self.gold.annotate(samples, prompts, responses)
 
     def train(self, iterations: int | None = None) -> list[dict]:
-        """Run `iterations` PPO iterations (default: the rest of `total_iterations`)."""
+        """Run `iterations` PPO iterations (default: the rest of `run.iterations`)."""
         cfg = self.config
-        total = iterations if iterations is not None else cfg.total_iterations - self.iteration
+        total = iterations if iterations is not None else cfg.run.iterations - self.iteration
         if not self.out.ready:
-            logged = [m for m in self.history if m["iteration"] % cfg.log_interval == 0]  # the rows its checkpoint holds
-            self.out.prepare(iteration=self.iteration, resumed=self.resumed_from is not None, config=cfg.to_dict(), run_id=self.run_id, trackers=bool(cfg.report_to), logged=logged)
-        bar = tqdm(range(total), desc="ppo", disable=not cfg.progress_bar or not self.accelerator.is_main_process, dynamic_ncols=True)
+            logged = [m for m in self.history if m["iteration"] % cfg.run.log_interval == 0]  # the rows its checkpoint holds
+            self.out.prepare(iteration=self.iteration, resumed=self.resumed_from is not None, config=cfg.to_dict(), run_id=self.run_id, trackers=bool(cfg.run.report_to), logged=logged)
+        bar = tqdm(range(total), desc="ppo", disable=not cfg.run.progress_bar or not self.accelerator.is_main_process, dynamic_ncols=True)
         for _ in bar:
             try:
                 metrics = self.step()
@@ -362,21 +362,21 @@ class PPOTrainer:
                 if getattr(err, "metrics", None) is not None:
                     self._log(err.metrics)
                 raise
-            if cfg.eval_interval and self.iteration % cfg.eval_interval == 0:
+            if cfg.run.eval_interval and self.iteration % cfg.run.eval_interval == 0:
                 samples = self.evaluate()
                 metrics.update(eval_metrics(samples))
                 self.out.append("samples.jsonl", samples)
             self._log(metrics)
             bar.set_postfix(score=f"{metrics['reward/score_mean']:.3f}", kl=f"{metrics['objective/kl']:.3f}")
-            if cfg.save_interval and self.iteration % cfg.save_interval == 0 and not metrics["train/skipped_updates"]:
+            if cfg.run.save_interval and self.iteration % cfg.run.save_interval == 0 and not metrics["train/skipped_updates"]:
                 self.save_checkpoint()
-        if self.iteration >= cfg.total_iterations:
+        if self.iteration >= cfg.run.iterations:
             self.save(self.output_dir / "policy")
         return self.history
 
     def _log(self, metrics: dict) -> None:
         self.history.append(metrics)
-        if self.iteration % self.config.log_interval == 0:
+        if self.iteration % self.config.run.log_interval == 0:
             self.out.log(metrics, self.iteration)
 
     # --- saving and resuming ------------------------------------------------------------------
@@ -385,7 +385,7 @@ class PPOTrainer:
         policy is saved merged (base + adapter), so the folder loads without peft."""
         if note := self.health.collapse.saving(self.iteration, f"the policy saved to {str(folder)!r}"):
             warnings.warn(note, RuntimeWarning, stacklevel=2)
-        return self.out.save_folder(folder, lambda tmp: save_policy(self.lm, self.tokenizer, tmp, lora=self.config.lora_r > 0))
+        return self.out.save_folder(folder, lambda tmp: save_policy(self.lm, self.tokenizer, tmp, lora=self.config.lora.r > 0))
 
     def save_checkpoint(self) -> Path:
         """Write a full checkpoint of the run to output_dir/checkpoints (see `ppo_lab.resume`)."""

@@ -2,7 +2,7 @@
 
 Chapter 4 (Value functions and GAE) introduces the loss; chapter 6 (Clipping) the clipping. The
 critic regresses V(s_t) onto the returns from `compute_gae`. PPO implementations clip the new
-value to stay within `value_clip` of the value predicted at rollout time, and take the larger
+value to stay within `critic.clip` of the value predicted at rollout time, and take the larger
 of the clipped and unclipped squared errors (a pessimistic bound, like the policy's), as in
 OpenAI baselines, TRL, DeepSpeed-Chat and verl.
 """

@@ -50,22 +50,17 @@ def tiny_path():
     return tiny_model_path()
 
 
-def small_config(tmp_path, **overrides):
-    """A PPOConfig small enough for a test to run a few iterations in seconds."""
+def small_config(tmp_path, *settings):
+    """A PPOConfig small enough for a test to run a few iterations in seconds; `settings`
+    (dicts of dotted names, applied in order) override it."""
     from ppo_lab.config import PPOConfig
 
-    values = dict(
-        rollout_batch_size=16,
-        minibatch_size=8,
-        ppo_epochs=2,
-        max_new_tokens=8,
-        total_iterations=2,
-        eval_interval=0,
-        progress_bar=False,
-        output_dir=str(tmp_path / "run"),
-    )
-    values.update(overrides)
-    return PPOConfig(**values)
+    values = {
+        "batch.rollout": 16, "batch.minibatch": 8, "batch.epochs": 2, "sampling.max_new_tokens": 8,
+        "run.iterations": 2, "run.eval_interval": 0, "run.progress_bar": False,
+        "run.output_dir": str(tmp_path / "run"),
+    }
+    return PPOConfig.from_dict(values, *settings)
 
 
 VOLATILE = ("time/", "perf/")
@@ -101,19 +96,19 @@ def train_evaluate_resume(cfg, **trainer_kwargs):
 
     from ppo_lab.trainer import PPOTrainer
 
-    assert cfg.eval_interval == 1 and cfg.save_interval == 1, "evaluate and save at every iteration"
+    assert cfg.run.eval_interval == 1 and cfg.run.save_interval == 1, "evaluate and save at every iteration"
     trainer = PPOTrainer(cfg, **trainer_kwargs)
     trainable = {n: p.detach().clone() for n, p in trainer.bare(trainer.policy).named_parameters() if p.requires_grad}
     history = trainer.train()
-    assert [m["iteration"] for m in history] == list(range(1, cfg.total_iterations + 1))
+    assert [m["iteration"] for m in history] == list(range(1, cfg.run.iterations + 1))
     assert all(m["train/skipped_updates"] == 0.0 and m["policy/steps"] >= 1 for m in history)
     bad = [k for m in history for k, v in stable(m).items() if isinstance(v, float) and not math.isfinite(v)]
     assert not bad, bad
     now = dict(trainer.bare(trainer.policy).named_parameters())
     assert [n for n, p in trainable.items() if torch.equal(now[n], p)] == []
-    assert "eval/score_mean" in history[-1] and (Path(cfg.output_dir) / "policy").is_dir()
-    resumed = PPOTrainer(dataclasses.replace(cfg, resume_from="latest"), **trainer_kwargs)
-    assert resumed.iteration == cfg.total_iterations and resumed.kl_ctl.value == trainer.kl_ctl.value
+    assert "eval/score_mean" in history[-1] and (Path(cfg.run.output_dir) / "policy").is_dir()
+    resumed = PPOTrainer(cfg.replace({"run.resume_from": "latest"}), **trainer_kwargs)
+    assert resumed.iteration == cfg.run.iterations and resumed.kl_ctl.value == trainer.kl_ctl.value
     assert (resumed.score_gain, resumed.score_bias) == (trainer.score_gain, trainer.score_bias)
     for role in ("policy", "critic"):
         if getattr(trainer, role) is None:

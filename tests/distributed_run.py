@@ -10,17 +10,20 @@ from ppo_lab import PPOConfig, PPOTrainer
 
 # the published recipes' details (reference normalisation sampled in shards, reward whitening,
 # per-model clipping after the all-reduce, the replacement score) on top of the base run
-RECIPE = dict(reference_score_norm="mean-std", reference_score_samples=15, whiten_rewards=True, grad_clip_scope="per-model", missing_eos_score=-1.0, max_grad_norm=0.5)
+RECIPE = {
+    "reward.reference_norm": "mean-std", "reward.reference_samples": 15, "advantage.whiten_rewards": True,
+    "optim.clip_scope": "per-model", "reward.truncated_score": -1.0, "optim.max_grad_norm": 0.5,
+}
 
 
 def run(output_dir: str, accumulation: int, variant: str = "base") -> dict:
     torch.set_num_threads(1)
-    cfg = PPOConfig(
-        rollout_batch_size=16, minibatch_size=8, ppo_epochs=2, max_new_tokens=8, total_iterations=2,
-        eval_interval=0, progress_bar=False, output_dir=output_dir, overwrite_output_dir=True,
-        gradient_accumulation_steps=accumulation, lr_schedule="linear", kl_control="adaptive", kl_horizon=64,
-        **(RECIPE if variant == "recipe" else {}),
-    )
+    cfg = PPOConfig(**RECIPE if variant == "recipe" else {}, **{
+            "batch.rollout": 16, "batch.minibatch": 8, "batch.epochs": 2, "sampling.max_new_tokens": 8,
+            "run.iterations": 2, "run.eval_interval": 0, "run.progress_bar": False,
+            "run.output_dir": output_dir, "run.overwrite": True, "batch.accumulation_steps": accumulation,
+            "optim.schedule": "linear", "kl.control": "adaptive", "kl.horizon": 64,
+        })
     trainer = PPOTrainer(cfg)
     history = trainer.train()
     weights = trainer.accelerator.unwrap_model(trainer.policy).state_dict()

@@ -298,8 +298,11 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(tiny_path, tmp
     from ppo_lab.trainer import PPOTrainer
 
     # groups of 2: (1, 1) teaches nothing, (0, 1) does: half of every rollout's groups pass
-    cfg = small_config(tmp_path, critic="none", advantage_estimator="grpo", responses_per_prompt=2, rollout_batch_size=8, minibatch_size=4,
-                       dynamic_sampling=True, dynamic_sampling_max_rounds=3, whiten_advantages=False)
+    cfg = small_config(tmp_path, {
+            "critic.design": "none", "advantage.estimator": "grpo", "sampling.responses_per_prompt": 2,
+            "batch.rollout": 8, "batch.minibatch": 4, "sampling.dynamic": True,
+            "sampling.dynamic_max_rounds": 3, "advantage.whiten": False,
+        })
     trainer = PPOTrainer(cfg, reward_fn=_scripted_reward([1, 1, 0, 1]))
     ro, metrics = trainer.collect()
     assert len(ro) == 8 and metrics == {"sampling/responses": 16.0, "sampling/rounds": 2.0, "sampling/informative_frac": 0.5, "sampling/score_mean": 0.75}
@@ -320,8 +323,11 @@ def test_dynamic_sampling_fills_a_short_batch_with_dropped_groups(tiny_path, tmp
     from conftest import small_config
     from ppo_lab.trainer import PPOTrainer
 
-    cfg = small_config(tmp_path, critic="none", advantage_estimator="grpo", responses_per_prompt=2, rollout_batch_size=8, minibatch_size=4,
-                       dynamic_sampling=True, dynamic_sampling_max_rounds=2)
+    cfg = small_config(tmp_path, {
+            "critic.design": "none", "advantage.estimator": "grpo", "sampling.responses_per_prompt": 2,
+            "batch.rollout": 8, "batch.minibatch": 4, "sampling.dynamic": True,
+            "sampling.dynamic_max_rounds": 2,
+        })
     trainer = PPOTrainer(cfg, reward_fn=_scripted_reward([1, 1, 1, 1, 1, 1, 0, 1]))  # one group in four
     ro, metrics = trainer.collect()
     assert len(ro) == 8 and metrics["sampling/rounds"] == 2.0 and metrics["sampling/informative_frac"] == 0.25
@@ -337,14 +343,17 @@ def test_dynamic_sampling_resumes_exactly(tiny_path, tmp_path):
     from conftest import small_config
     from ppo_lab.trainer import PPOTrainer
 
-    cfg = small_config(tmp_path, critic="none", advantage_estimator="grpo", responses_per_prompt=2, rollout_batch_size=8, minibatch_size=4,
-                       dynamic_sampling=True, total_iterations=3, save_interval=1, task="arithmetic-small", max_new_tokens=4)
+    cfg = small_config(tmp_path, {
+            "critic.design": "none", "advantage.estimator": "grpo", "sampling.responses_per_prompt": 2,
+            "batch.rollout": 8, "batch.minibatch": 4, "sampling.dynamic": True, "run.iterations": 3,
+            "run.save_interval": 1, "data.task": "arithmetic-small", "sampling.max_new_tokens": 4,
+        })
     whole = PPOTrainer(cfg)
     whole.train()
-    first = PPOTrainer(dataclasses.replace(cfg, output_dir=str(tmp_path / "b"), total_iterations=3))
+    first = PPOTrainer(cfg.replace({"run.output_dir": str(tmp_path / "b"), "run.iterations": 3}))
     first.train(2)
     first.save_checkpoint()
-    resumed = PPOTrainer(dataclasses.replace(first.config, resume_from="latest"))
+    resumed = PPOTrainer(first.config.replace({"run.resume_from": "latest"}))
     resumed.train()
     for a, b in zip(whole.bare(whole.policy).state_dict().values(), resumed.bare(resumed.policy).state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -354,8 +363,11 @@ def test_overlong_penalty_and_filter_reach_the_advantages(tiny_path, tmp_path):
     from conftest import small_config
     from ppo_lab.trainer import PPOTrainer
 
-    cfg = small_config(tmp_path, critic="none", advantage_estimator="rloo", responses_per_prompt=2, max_new_tokens=3,
-                       overlong_buffer=2, overlong_penalty_factor=0.5, whiten_advantages=False, kl_coef=0.0)
+    cfg = small_config(tmp_path, {
+            "critic.design": "none", "advantage.estimator": "rloo", "sampling.responses_per_prompt": 2,
+            "sampling.max_new_tokens": 3, "reward.overlong_buffer": 2, "reward.overlong_penalty": 0.5,
+            "advantage.whiten": False, "kl.coef": 0.0,
+        })
     trainer = PPOTrainer(cfg, reward_fn=lambda prompts, responses: [0.0] * len(responses))
     ro = trainer.rollout(trainer.next_prompts())
     lengths = ro.mask.sum(-1)
@@ -363,15 +375,15 @@ def test_overlong_penalty_and_filter_reach_the_advantages(tiny_path, tmp_path):
     penalty = 0.5 * torch.clamp((3 - 2 - lengths) / 2, max=0.0)
     torch.testing.assert_close(rewards.sum(-1), penalty.to(rewards.dtype))  # the score 0 plus the penalty
     assert bool((lengths > 1).any())  # (the case is not empty)
-    trainer.config.overlong_filter = True
+    trainer.config.advantage.drop_truncated = True
     _, filtered, _ = trainer.advantages(ro)
-    assert bool((~ro.has_eos).any()) and bool(ro.has_eos.any())
-    assert bool((filtered[~ro.has_eos] == 0).all())
-    torch.testing.assert_close(filtered[ro.has_eos], advantages[ro.has_eos])
+    assert bool((~ro.ended).any()) and bool(ro.ended.any())
+    assert bool((filtered[~ro.ended] == 0).all())
+    torch.testing.assert_close(filtered[ro.ended], advantages[ro.ended])
     # with whitening, the truncated responses do not shape the others' mean and std
-    trainer.config.whiten_advantages = True
+    trainer.config.advantage.whiten = True
     _, white, _ = trainer.advantages(ro)
-    kept = ro.mask * ro.has_eos[:, None]
+    kept = ro.mask * ro.ended[:, None]
     torch.testing.assert_close(white, ppo_lab.masked_whiten(advantages, kept))
 
 
@@ -382,8 +394,11 @@ def test_each_algorithm_preset_trains_evaluates_saves_and_resumes(tiny_path, tmp
     from ppo_lab.config import ALGORITHM_PRESETS
 
     assert name in ALGORITHM_PRESETS
-    cfg = PPOConfig.from_yaml(name, total_iterations=2, rollout_batch_size=16, minibatch_size=8, eval_interval=1, eval_prompts=4,
-                              save_interval=1, progress_bar=False, output_dir=str(tmp_path / "run"))
+    cfg = PPOConfig.from_yaml(name, **{
+            "run.iterations": 2, "batch.rollout": 16, "batch.minibatch": 8, "run.eval_interval": 1,
+            "run.eval_count": 4, "run.save_interval": 1, "run.progress_bar": False,
+            "run.output_dir": str(tmp_path / "run"),
+        })
     train_evaluate_resume(cfg)
 
 
@@ -440,8 +455,11 @@ def test_the_trainer_normalises_seq_mean_token_sum_norm_by_the_budget_not_the_pa
     from ppo_lab import PPOConfig
     from ppo_lab.objective import Objective
 
-    cfg = PPOConfig(loss_agg="seq-mean-token-sum-norm", max_new_tokens=10, critic="none", advantage_estimator="dr_grpo",
-                    responses_per_prompt=2, kl_in="loss", kl_coef=0.1, entropy_coef=0.01)
+    cfg = PPOConfig(**{
+            "loss.aggregation": "seq-mean-token-sum-norm", "sampling.max_new_tokens": 10,
+            "critic.design": "none", "advantage.estimator": "dr_grpo", "sampling.responses_per_prompt": 2,
+            "kl.placement": "loss", "kl.coef": 0.1, "loss.entropy_coef": 0.01,
+        })
     _, lp, old, adv, mask = _loss_inputs(3, B=4, T=4)
     ref = old - 0.1
     entropy = torch.rand(4, 4, dtype=torch.float64)
@@ -469,12 +487,15 @@ def test_the_trainer_normalises_seq_mean_token_sum_norm_by_the_budget_not_the_pa
 def test_overlong_handling_is_refused_when_no_response_can_stop():
     from ppo_lab import PPOConfig
 
-    for fields in (dict(overlong_filter=True), dict(overlong_buffer=2)):
+    for fields in ({"advantage.drop_truncated": True}, {"reward.overlong_buffer": 2}):
         with pytest.raises(ValueError, match="ignore_eos makes every response exactly max_new_tokens long"):
-            PPOConfig(ignore_eos=True, **fields)
-    with pytest.raises(ValueError, match="overlong_buffer = 20 is longer than the budget max_new_tokens = 12"):
-        PPOConfig(overlong_buffer=20)
-    with pytest.raises(ValueError, match="dynamic_sampling drops the groups"):
-        PPOConfig(dynamic_sampling=True)
+            PPOConfig(**fields, **{"sampling.ignore_eos": True})
+    with pytest.raises(ValueError, match="reward.overlong_buffer = 20 is longer than the budget sampling.max_new_tokens = 12"):
+        PPOConfig(**{"reward.overlong_buffer": 20})
+    with pytest.raises(ValueError, match="sampling.dynamic drops the groups"):
+        PPOConfig(**{"sampling.dynamic": True})
     with pytest.raises(ValueError, match="reinforce_pp_baseline"):
-        PPOConfig(advantage_estimator="reinforce_pp_baseline", critic="none", responses_per_prompt=2, whiten_rewards=True)
+        PPOConfig(**{
+                "advantage.estimator": "reinforce_pp_baseline", "critic.design": "none",
+                "sampling.responses_per_prompt": 2, "advantage.whiten_rewards": True,
+            })

@@ -121,10 +121,12 @@ def test_chapters_take_every_seed_from_the_book_seed():
 def test_book_config_gives_each_run_a_fresh_folder_and_keeps_overrides():
     from ppo_lab.book import config
 
-    a, b = config(seed=3), config(seed=3, eval_interval=5)
-    assert a.output_dir != b.output_dir and a.policy_model == "builtin:tiny"
-    assert (a.eval_interval, a.progress_bar, b.eval_interval) == (0, False, 5)
-    assert config(output_dir="/tmp/x").output_dir == "/tmp/x"
+    a, b = config({"run.seed": 3}), config({"run.seed": 3}, {"run.eval_interval": 5})
+    assert a.run.output_dir != b.run.output_dir and a.policy.model == "builtin:tiny"
+    assert (a.run.eval_interval, a.run.progress_bar, b.run.eval_interval, b.run.seed) == (0, False, 5, 3)
+    assert config({"run.output_dir": "/tmp/x"}).run.output_dir == "/tmp/x"
+    with pytest.raises(ValueError, match="learning_rate is now optim.lr"):
+        config({"learning_rate": 1e-3})
 
 
 def test_band_draws_median_and_range_and_leaves_gaps_for_missing_metrics():

@@ -18,27 +18,34 @@ def _run(args, cwd):
 
 def test_train_from_yaml_with_overrides(tiny_path, tmp_path):
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump({"rollout_batch_size": 16, "minibatch_size": 8, "ppo_epochs": 1, "total_iterations": 5, "max_new_tokens": 8}))
-    out = _run(["train", str(cfg), "--total_iterations", "2", "--output_dir", str(tmp_path / "run"), "--progress_bar", "false", "--threads", "1"], tmp_path)
+    cfg.write_text(yaml.safe_dump({
+        "batch.rollout": 16, "batch.minibatch": 8, "batch.epochs": 1, "run.iterations": 5,
+        "sampling.max_new_tokens": 8,
+    }))
+    out = _run(["train", str(cfg), "--run.iterations", "2", "--run.output_dir", str(tmp_path / "run"), "--run.progress_bar", "false", "--threads", "1"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "Before training" in out.stdout and "After training" in out.stdout
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert len(rows) == 2  # the flag won over the file
     saved = yaml.safe_load(open(tmp_path / "run" / "config.yaml"))
-    assert saved["ppo_epochs"] == 1 and saved["total_iterations"] == 2
+    assert saved["batch"]["epochs"] == 1 and saved["run"]["iterations"] == 2  # nested, one mapping per group
 
 
 def test_train_rejects_bad_values_before_loading_anything(tmp_path):
-    out = _run(["train", "--gamma", "3"], tmp_path)
-    assert out.returncode == 2 and "PPOConfig.gamma = 3.0 must be a finite number in [0, 1]" in out.stderr
-    out = _run(["train", "--critic", "tied"], tmp_path)
+    out = _run(["train", "--advantage.gamma", "3"], tmp_path)
+    assert out.returncode == 2 and "advantage.gamma = 3.0 must be a finite number in [0, 1]" in out.stderr
+    out = _run(["train", "--critic.design", "tied"], tmp_path)
     assert out.returncode == 2 and "invalid choice: 'tied'" in out.stderr
 
 
-def test_train_help_lists_every_field():
-    out = _run(["train", "--help"], None)
-    for flag in ["--policy_model", "--kl_estimator", "--advantage_estimator", "--missing_eos_penalty"]:
-        assert flag in out.stdout
+def test_train_help_lists_every_setting_under_its_group():
+    from ppo_lab.config import GROUPS, PPOConfig
+
+    out = _run(["train", "--help"], None).stdout
+    for name in PPOConfig().flat():
+        group, _ = name.split(".")
+        assert out.index(f"\n{group}:\n") < out.index(f"\n  --{name}"), name  # listed under its group's heading
+    assert [line[:-1] for line in out.splitlines() if line[:-1] in GROUPS and line.endswith(":")] == list(GROUPS)
 
 
 def test_dashboard_draws_every_panel_for_each_run(tmp_path):

@@ -19,40 +19,27 @@ from ppo_lab import PPOConfig
 from ppo_lab.sampler import old_logprobs_source
 
 SWITCHES = {
-    "critic": ["separate", "shared", "none"],
-    "advantage_estimator": ["gae", "reinforce", "rloo", "grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline"],
-    "precision": ["fp32", "bf16"],
-    "gradient_checkpointing": [False, True],
-    "torch_compile": [False, True],
-    "lora_r": [0, 4],
-    "policy_loss": ["clip", "kl_penalty", "gspo", "cispo"],
-    "kl_in": ["reward", "loss"],
-    "kl_estimator": ["k1", "k3"],
-    "kl_control": ["fixed", "adaptive"],
-    "old_logprobs": ["auto", "sampling", "forward"],
-    "gradient_accumulation_steps": [1, 2],
-    "loss_agg": ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],
-    "target_kl": [None, 0.1],
-    "max_grad_norm": [None, 1.0],
-    "whiten_advantages": [True, False],
-    "forward_batch_size": [None, 3],
-    "value_warmup_iterations": [0, 1],
-    "critic_lam": [None, 1.0],
-    "critic_learning_rate": [None, 1e-4],
-    "value_pooling": ["token", "mean"],
-    "grad_clip_scope": ["global", "per-model"],
-    "whiten_rewards": [False, True],
-    "missing_eos_score": [None, -1.0],
-    "reference_score_norm": ["none", "mean-std"],
-    "stop_after": [0, 3],
-    "logprob_chunk_size": [None, 5],
-    "rollout_correction": ["none", "tis", "mis"],
-    "sampler_noise": [0.0, 0.05],
-    "dynamic_sampling": [False, True],
-    "overlong_buffer": [0, 2],
-    "overlong_filter": [False, True],
+    "critic.design": ["separate", "shared", "none"],
+    "advantage.estimator": ["gae", "reinforce", "rloo", "grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline"],
+    "memory.precision": ["fp32", "bf16"], "memory.gradient_checkpointing": [False, True],
+    "memory.compile": [False, True], "lora.r": [0, 4], "loss.policy": ["clip", "kl_penalty", "gspo", "cispo"],
+    "kl.placement": ["reward", "loss"], "kl.estimator": ["k1", "k3"], "kl.control": ["fixed", "adaptive"],
+    "sampler.old_logprobs_from": ["auto", "sampling", "forward"], "batch.accumulation_steps": [1, 2],
+    "loss.aggregation": ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],
+    "optim.early_stop_kl": [None, 0.1], "optim.max_grad_norm": [None, 1.0], "advantage.whiten": [True, False],
+    "batch.forward": [None, 3], "critic.warmup_iterations": [0, 1], "critic.lam": [None, 1.0],
+    "critic.lr": [None, 1e-4], "critic.pooling": ["token", "mean"],
+    "optim.clip_scope": ["global", "per-model"], "advantage.whiten_rewards": [False, True],
+    "reward.truncated_score": [None, -1.0], "reward.reference_norm": ["none", "mean-std"],
+    "sampling.stop_after": [0, 3], "memory.logprob_chunk": [None, 5],
+    "sampler.correction": ["none", "tis", "mis"], "sampler.noise": [0.0, 0.05],
+    "sampling.dynamic": [False, True], "reward.overlong_buffer": [0, 2],
+    "advantage.drop_truncated": [False, True],
 }
-BASE = dict(responses_per_prompt=2, total_iterations=2, eval_interval=1, save_interval=1, learning_rate=1e-3)
+BASE = {
+    "sampling.responses_per_prompt": 2, "run.iterations": 2, "run.eval_interval": 1, "run.save_interval": 1,
+    "optim.lr": 1e-3,
+}
 
 
 def _valid(values) -> bool:
@@ -68,10 +55,10 @@ def _completion(a, va, b, vb) -> dict | None:
 
     PPOConfig's refusals involve the critic and the estimator only, so trying their values is
     enough."""
-    for critic in SWITCHES["critic"]:
-        for estimator in SWITCHES["advantage_estimator"]:
+    for critic in SWITCHES["critic.design"]:
+        for estimator in SWITCHES["advantage.estimator"]:
             values = {n: SWITCHES[n][0] for n in SWITCHES}
-            values.update(critic=critic, advantage_estimator=estimator)
+            values.update({"critic.design": critic, "advantage.estimator": estimator})
             values.update({a: va, b: vb})
             if _valid(list(values.values())):
                 return values
@@ -109,15 +96,15 @@ def test_the_cases_cover_every_valid_pair():
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_a_combination_trains_evaluates_saves_and_resumes(tiny_path, tmp_path, monkeypatch, case):
     monkeypatch.setattr("ppo_lab.build.COMPILE_BACKEND", "eager")  # see test_scale.py
-    trainer, history, _ = train_evaluate_resume(small_config(tmp_path, **BASE, **case))
+    trainer, history, _ = train_evaluate_resume(small_config(tmp_path, BASE, case))
     # on-policy at the start: the reference is the initial policy. Log-probs from the sampling
     # loop's cached bf16 forward differ from a full forward by ~1e-2 nats (why "auto" avoids them).
-    # A sampler that differs from the trainer (sampler_noise) puts its gap into the old log-probs
+    # A sampler that differs from the trainer (sampler.noise) puts its gap into the old log-probs
     # when they come from sampling (the bypass form); auto then picks the trainer's forward.
-    source = old_logprobs_source(case["old_logprobs"], case["precision"], case["sampler_noise"] > 0, case["rollout_correction"])
+    source = old_logprobs_source(case["sampler.old_logprobs_from"], case["memory.precision"], case["sampler.noise"] > 0, case["sampler.correction"])
     assert source == trainer.sampler.old_logprobs_from
     if source == "forward":
         assert history[0]["objective/kl"] == 0.0  # the same forward as the reference's
     else:
-        assert abs(history[0]["objective/kl"]) < (0.5 if case["precision"] == "bf16" or case["sampler_noise"] > 0 else 1e-4)
+        assert abs(history[0]["objective/kl"]) < (0.5 if case["memory.precision"] == "bf16" or case["sampler.noise"] > 0 else 1e-4)
     assert trainer.evaluate(2)

@@ -20,7 +20,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("scope", ["global", "per-model"])
 def test_mixed_precision_on_cuda_trains_evaluates_saves_and_resumes(tiny_path, tmp_path, precision, critic, scope):
     # per-model clipping unscales fp16 gradients once, through accelerate's real scaler
-    cfg = small_config(tmp_path, total_iterations=3, precision=precision, critic=critic, eval_interval=1, save_interval=1, grad_clip_scope=scope)
+    cfg = small_config(tmp_path, {
+            "run.iterations": 3, "memory.precision": precision, "critic.design": critic,
+            "run.eval_interval": 1, "run.save_interval": 1, "optim.clip_scope": scope,
+        })
     trainer, history, _ = train_evaluate_resume(cfg)
     assert trainer.device.type == "cuda"
     assert (trainer.accelerator.scaler is not None) == (precision == "fp16")
@@ -29,7 +32,7 @@ def test_mixed_precision_on_cuda_trains_evaluates_saves_and_resumes(tiny_path, t
 
 
 def test_fp16_overflow_on_cuda_lowers_the_scale_and_training_goes_on(tiny_path, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, precision="fp16", target_kl=None))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "memory.precision": "fp16", "optim.early_stop_kl": None}))
     scale = trainer.accelerator.scaler.get_scale()
     overflow_first_backward(trainer)
     metrics = trainer.step()
@@ -38,7 +41,7 @@ def test_fp16_overflow_on_cuda_lowers_the_scale_and_training_goes_on(tiny_path, 
 
 
 def test_peak_memory_is_per_iteration_on_cuda(tiny_path, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 2}))
     first = trainer.step()["perf/peak_memory_mb"]
     big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 256 MB, freed at once
     del big

@@ -92,20 +92,23 @@ def test_dropout_on_sets_every_dropout_module():
 # --- the switch --------------------------------------------------------------------------------
 def test_reproduce_refuses_an_unknown_name_and_a_recursion_without_gae():
     with pytest.raises(ValueError, match="reproduce names 'score-on-eos'"):
-        PPOConfig(reproduce="dropout-on, score-on-eos")
+        PPOConfig(**{"run.reproduce": "dropout-on, score-on-eos"})
     with pytest.raises(ValueError, match="gae-over-padding"):
-        PPOConfig(reproduce="gae-over-padding", advantage_estimator="grpo", critic="none", responses_per_prompt=2)
-    assert PPOConfig(reproduce=" dropout-on ,whiten-with-padding ").reproduce  # spaces are fine
+        PPOConfig(**{
+                "run.reproduce": "gae-over-padding", "advantage.estimator": "grpo", "critic.design": "none",
+                "sampling.responses_per_prompt": 2,
+            })
+    assert PPOConfig(**{"run.reproduce": " dropout-on ,whiten-with-padding "}).run.reproduce  # spaces are fine
 
 
 @pytest.fixture(scope="module")
 def plain_first_step(tiny_path, tmp_path_factory):
-    return PPOTrainer(small_config(tmp_path_factory.mktemp("plain"), temperature=0.7)).first_step_metrics()
+    return PPOTrainer(small_config(tmp_path_factory.mktemp("plain"), {"sampling.temperature": 0.7})).first_step_metrics()
 
 
 @pytest.mark.parametrize("choice", OTHER_CHOICES)
 def test_each_other_choice_trains_evaluates_checkpoints_and_changes_what_it_should(tiny_path, tmp_path, choice, plain_first_step):
-    cfg = small_config(tmp_path, reproduce=choice, temperature=0.7, eval_interval=1, save_interval=1)
+    cfg = small_config(tmp_path, {"run.reproduce": choice, "sampling.temperature": 0.7, "run.eval_interval": 1, "run.save_interval": 1})
     trainer = PPOTrainer(cfg)
     first = trainer.first_step_metrics()
     off_policy = choice in ("temperature-1-in-scoring", "dropout-on")
@@ -114,7 +117,7 @@ def test_each_other_choice_trains_evaluates_checkpoints_and_changes_what_it_shou
     assert (max(abs(first["policy/ratio_max"] - 1), abs(first["policy/ratio_min"] - 1)) > 1e-2) == off_policy
     history = trainer.train()
     assert len(history) == 2 and all(torch.isfinite(torch.tensor(row["objective/kl"])) for row in history)
-    assert "eval/score_mean" in history[-1] and (Path(cfg.output_dir) / "checkpoints").is_dir() and (Path(cfg.output_dir) / "policy").is_dir()
+    assert "eval/score_mean" in history[-1] and (Path(cfg.run.output_dir) / "checkpoints").is_dir() and (Path(cfg.run.output_dir) / "policy").is_dir()
     # after training: the critic's head starts at zero, so its values on padding are 0 before it
     ro = trainer.rollout(trainer.train_prompts[:8])
     shaped, advantages, _ = trainer.advantages(ro)

@@ -62,8 +62,11 @@ def _one_update(out_dir, accumulation):
     from ppo_lab import PPOConfig, PPOTrainer
 
     torch.set_num_threads(1)
-    cfg = PPOConfig(rollout_batch_size=16, minibatch_size=8, ppo_epochs=2, max_new_tokens=8, total_iterations=1, eval_interval=0,
-                    progress_bar=False, output_dir=out_dir, gradient_accumulation_steps=accumulation)
+    cfg = PPOConfig(**{
+            "batch.rollout": 16, "batch.minibatch": 8, "batch.epochs": 2, "sampling.max_new_tokens": 8,
+            "run.iterations": 1, "run.eval_interval": 0, "run.progress_bar": False, "run.output_dir": out_dir,
+            "batch.accumulation_steps": accumulation,
+        })
     trainer = PPOTrainer(cfg)
     history = trainer.train()
     if trainer.accelerator.is_main_process:

@@ -135,10 +135,12 @@ def test_sigkill_while_writing_leaves_the_previous_checkpoint_intact(tmp_path):
 
 
 # --- resume --------------------------------------------------------------------------------------
-def _config(tmp_path, name, **overrides):
-    values = dict(total_iterations=4, save_interval=2, keep_checkpoints=3, lr_schedule="linear", kl_control="adaptive", kl_horizon=64)
-    values.update(overrides)
-    return small_config(tmp_path / name, **values)
+def _config(tmp_path, name, *settings):
+    values = {
+        "run.iterations": 4, "run.save_interval": 2, "run.keep_checkpoints": 3, "optim.schedule": "linear",
+        "kl.control": "adaptive", "kl.horizon": 64,
+    }
+    return small_config(tmp_path / name, values, *settings)
 
 
 def test_resume_is_exact(tiny_path, tmp_path):
@@ -151,7 +153,7 @@ def test_resume_is_exact(tiny_path, tmp_path):
     first = PPOTrainer(_config(tmp_path, "b"), train_prompts=prompts)
     first.train(2)
     del first  # the process "dies" after the checkpoint of iteration 2
-    resumed = PPOTrainer(_config(tmp_path, "b", resume_from="latest"), train_prompts=prompts)
+    resumed = PPOTrainer(_config(tmp_path, "b", {"run.resume_from": "latest"}), train_prompts=prompts)
     assert resumed.iteration == 2 and resumed.resumed_from.name == "checkpoint-000002"
     history = [stable(m) for m in resumed.train()]
     assert len(history) == 4 and history == unbroken  # every metric of every later update, exactly
@@ -161,12 +163,12 @@ def test_resume_is_exact(tiny_path, tmp_path):
 
 
 def test_resume_drops_log_rows_after_the_checkpoint_and_falls_back_past_a_corrupted_one(tiny_path, tmp_path):
-    run = PPOTrainer(_config(tmp_path, "a", total_iterations=4, save_interval=1))
+    run = PPOTrainer(_config(tmp_path, "a", {"run.iterations": 4, "run.save_interval": 1}))
     run.train()
     newest = run.output_dir / "checkpoints" / "checkpoint-000004"
     _flip_byte(newest / "policy.safetensors")
     with pytest.warns(UserWarning, match=r"checkpoint-000004' is corrupted: the sha256 of policy.safetensors"):
-        resumed = PPOTrainer(_config(tmp_path, "a", total_iterations=4, save_interval=1, resume_from="latest"))
+        resumed = PPOTrainer(_config(tmp_path, "a", {"run.iterations": 4, "run.save_interval": 1, "run.resume_from": "latest"}))
     assert resumed.iteration == 3
     assert [stable(m) for m in resumed.history] == [stable(m) for m in run.history[:3]]
     resumed.train(0)
@@ -176,13 +178,13 @@ def test_resume_drops_log_rows_after_the_checkpoint_and_falls_back_past_a_corrup
 
 def test_resume_from_nothing_is_a_clear_error(tiny_path, tmp_path):
     with pytest.raises(ValueError, match=r"no valid checkpoint to resume from in .*checkpoints"):
-        PPOTrainer(_config(tmp_path, "a", resume_from="latest"))
+        PPOTrainer(_config(tmp_path, "a", {"run.resume_from": "latest"}))
 
 
 def test_resume_with_a_different_config_warns(tiny_path, tmp_path):
-    PPOTrainer(_config(tmp_path, "a", total_iterations=2)).train()
-    with pytest.warns(UserWarning, match=r"different configuration \(clip_eps: 0.2 -> 0.3\)"):
-        PPOTrainer(_config(tmp_path, "a", total_iterations=2, clip_eps=0.3, resume_from="latest"))
+    PPOTrainer(_config(tmp_path, "a", {"run.iterations": 2})).train()
+    with pytest.warns(UserWarning, match=r"different configuration \(loss.clip_eps: 0.2 -> 0.3\)"):
+        PPOTrainer(_config(tmp_path, "a", {"run.iterations": 2, "loss.clip_eps": 0.3, "run.resume_from": "latest"}))
 
 
 # --- non-finite values -------------------------------------------------------------------------
@@ -194,10 +196,10 @@ def test_a_nan_reward_skips_the_update_and_stops_the_run_with_the_checkpoint_unt
         bad = calls["n"] >= 3  # iterations 3, 4, ... return nan for one response
         return [math.nan if bad and i == 5 else float(len(r)) / 10 for i, r in enumerate(responses)]
 
-    cfg = _config(tmp_path, "a", total_iterations=10, save_interval=1, keep_checkpoints=5, max_bad_updates=2)
+    cfg = _config(tmp_path, "a", {"run.iterations": 10, "run.save_interval": 1, "run.keep_checkpoints": 5, "run.max_bad_updates": 2})
     trainer = PPOTrainer(cfg, reward_fn=reward)
     with pytest.warns(RuntimeWarning, match=r"iteration 3: update skipped \(1 of at most 2\): non-finite reward \(reward/score_mean: reward .* returned \[nan\] for responses \[5\]\)"):
-        with pytest.raises(NonFiniteError, match=r"iteration 4: update skipped \(2 of at most 2\).*Stopping: PPOConfig.max_bad_updates = 2 reached; the newest checkpoint is .*checkpoint-000002"):
+        with pytest.raises(NonFiniteError, match=r"iteration 4: update skipped \(2 of at most 2\).*Stopping: run.max_bad_updates = 2 reached; the newest checkpoint is .*checkpoint-000002"):
             trainer.train()
     # no checkpoint was written after the bad iterations, and the weights never changed after 2
     assert [p.name for p in ckpt.list_checkpoints(trainer.output_dir / "checkpoints")] == ["checkpoint-000002", "checkpoint-000001"]
@@ -210,7 +212,7 @@ def test_a_nan_reward_skips_the_update_and_stops_the_run_with_the_checkpoint_unt
 
 
 def test_nan_gradients_skip_the_optimizer_step(tiny_path, tmp_path):
-    trainer = PPOTrainer(_config(tmp_path, "a", total_iterations=1, save_interval=0))
+    trainer = PPOTrainer(_config(tmp_path, "a", {"run.iterations": 1, "run.save_interval": 0}))
     before = {k: v.clone() for k, v in trainer.accelerator.unwrap_model(trainer.policy).state_dict().items()}
     lm_head = trainer.lm.get_output_embeddings()
     hook = lm_head.register_forward_hook(lambda module, args, out: out * math.nan if torch.is_grad_enabled() else out)
@@ -236,12 +238,12 @@ def test_check_scores_can_let_nan_through_for_the_trainer():
 def test_a_checkpoint_of_an_earlier_version_is_refused_by_name_and_left_intact(tiny_path, tmp_path):
     import dataclasses
 
-    cfg = small_config(tmp_path, total_iterations=1, save_interval=1)
+    cfg = small_config(tmp_path, {"run.iterations": 1, "run.save_interval": 1})
     PPOTrainer(cfg).train()
     path = ckpt.latest_checkpoint(tmp_path / "run" / "checkpoints")
     tensors, objects, state = ckpt.load_checkpoint(path)
     state.pop("prompts")  # the earlier layout kept prompt_order / prompt_rng instead
     old = ckpt.save_checkpoint(tmp_path / "old", 1, tensors, objects, {**state, "prompt_order": [], "prompt_rng": []}, keep=2)
     with pytest.raises(ValueError, match=r"written by an earlier version of ppo_lab .* weights are intact"):
-        PPOTrainer(dataclasses.replace(cfg, output_dir=str(tmp_path / "again"), resume_from=str(old)))
+        PPOTrainer(cfg.replace({"run.output_dir": str(tmp_path / "again"), "run.resume_from": str(old)}))
     assert ckpt.verify_checkpoint(old)

@@ -39,7 +39,7 @@ def _rollout(B, T, P, gen, pad=9):
         prompts=[f"p{i}" for i in range(B)], responses=[f"r{i}" for i in range(B)], query_ids=torch.randint(0, 5, (B, P), generator=gen),
         query_mask=torch.ones(B, P), response_ids=torch.where(mask.bool(), torch.randint(0, 5, (B, T), generator=gen), torch.full((B, T), pad)),
         mask=mask, old_logprobs=t(), ref_logprobs=t(), values=None, entropy=t(), scores=torch.randn(B, generator=gen),
-        has_eos=torch.rand(B, generator=gen) < 0.5, group_ids=torch.arange(B) // 2,
+        ended=torch.rand(B, generator=gen) < 0.5, group_ids=torch.arange(B) // 2,
     )
 
 

@@ -93,21 +93,21 @@ def test_parse_target_modules():
     assert parse_target_modules("c_attn, c_proj") == ["c_attn", "c_proj"]
     assert parse_target_modules(["c_fc"]) == ["c_fc"]
     for bad in ["", " , ", []]:
-        with pytest.raises(ValueError, match=r"lora_target_modules.*empty"):
+        with pytest.raises(ValueError, match=r"lora.target_modules.*empty"):
             parse_target_modules(bad)
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(r=0), r"r \(lora_r\) must be a positive integer; got 0"),
-        (dict(r=2.5), r"lora_r.*got 2\.5"),
-        (dict(alpha=0), r"alpha \(lora_alpha\) must be a positive finite number"),
-        (dict(alpha=float("inf")), r"lora_alpha"),
-        (dict(dropout=1.0), r"dropout \(lora_dropout\) must be in \[0, 1\); got 1\.0"),
-        (dict(dropout=-0.1), r"lora_dropout"),
-        (dict(target_modules="q_proj,c_attn"), r"lora_target_modules.*\['q_proj'\] match no linear module.*c_attn"),
-        (dict(target_modules="wte"), r"lora_target_modules.*\['wte'\] match no linear module"),  # an Embedding
+        (dict(r=0), r"r \(lora.r\) must be a positive integer; got 0"),
+        (dict(r=2.5), r"lora.r.*got 2\.5"),
+        (dict(alpha=0), r"alpha \(lora.alpha\) must be a positive finite number"),
+        (dict(alpha=float("inf")), r"lora.alpha"),
+        (dict(dropout=1.0), r"dropout \(lora.dropout\) must be in \[0, 1\); got 1\.0"),
+        (dict(dropout=-0.1), r"lora.dropout"),
+        (dict(target_modules="q_proj,c_attn"), r"lora.target_modules.*\['q_proj'\] match no linear module.*c_attn"),
+        (dict(target_modules="wte"), r"lora.target_modules.*\['wte'\] match no linear module"),  # an Embedding
         (dict(modules_to_save="v_head"), r"modules_to_save: \['v_head'\] match no module.*lm_head"),
     ],
 )

@@ -14,8 +14,8 @@ def test_the_registry_holds_the_policy_losses_and_names_the_valid_ones():
     assert {"clip", "kl_penalty", "gspo", "cispo"} <= set(POLICY_LOSSES)
     with pytest.raises(ValueError, match=r"unknown policy loss 'clipp'; valid values are: 'cispo', 'clip', 'gspo', 'kl_penalty'"):
         get_policy_loss("clipp")
-    with pytest.raises(ValueError, match=r"PPOConfig.policy_loss = 'clipp' is not allowed; valid values are: 'cispo', 'clip', 'gspo', 'kl_penalty'"):
-        ppo_lab.PPOConfig(policy_loss="clipp")
+    with pytest.raises(ValueError, match=r"loss.policy = 'clipp' is not allowed; valid values are: 'cispo', 'clip', 'gspo', 'kl_penalty'"):
+        ppo_lab.PPOConfig(**{"loss.policy": "clipp"})
     with pytest.raises(ValueError, match=r"already registered"):
         register_policy_loss("clip")(lambda *a, **k: None)
 
@@ -45,7 +45,7 @@ def test_a_registered_policy_loss_trains_through_the_config(tiny_path, tmp_path)
         return ppo_lab.aggregate_loss(-logprobs * advantages, mask, loss_agg), {}
 
     try:
-        trainer = ppo_lab.PPOTrainer(small_config(tmp_path, policy_loss="test-reinforce", target_kl=None, total_iterations=1))
+        trainer = ppo_lab.PPOTrainer(small_config(tmp_path, {"loss.policy": "test-reinforce", "optim.early_stop_kl": None, "run.iterations": 1}))
         metrics = trainer.train()[-1]
         assert calls and metrics["policy/steps"] == 4 and "loss/policy" in metrics
     finally:
@@ -56,7 +56,7 @@ def _rollout(seed=0, b=6, t=5):
     g = torch.Generator().manual_seed(seed)
     mask = (torch.arange(t) < torch.randint(1, t + 1, (b, 1), generator=g)).float()
     return dict(
-        scores=torch.randn(b, generator=g) * 3, has_eos=torch.rand(b, generator=g) < 0.5,
+        scores=torch.randn(b, generator=g) * 3, ended=torch.rand(b, generator=g) < 0.5,
         old_logprobs=-torch.rand(b, t, generator=g) * 3, ref_logprobs=-torch.rand(b, t, generator=g) * 3,
         entropy=torch.rand(b, t, generator=g), mask=mask,
     )
@@ -78,17 +78,17 @@ def _slow_objective(r, kl_coef, estimator, score):
 
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3", "abs"])
 @pytest.mark.parametrize("kl_in", ["reward", "loss"])
-@pytest.mark.parametrize("adjust", [dict(), dict(score_clip=1.0), dict(missing_eos_penalty=2.0), dict(score_norm=True)])
+@pytest.mark.parametrize("adjust", [dict(), {"reward.clip": 1.0}, {"reward.truncated_penalty": 2.0}, {"reward.normalize": True}])
 def test_objective_metrics_follow_the_configured_estimator_and_the_adjusted_score(estimator, kl_in, adjust):
     # before: non_score_reward used k1 whatever kl_estimator said (and 0 with kl_in="loss"), and
-    # rlhf_reward used the raw score, ignoring score_clip, score_norm and missing_eos_penalty
+    # rlhf_reward used the raw score, ignoring score_clip, score_norm and truncated_penalty
     r, kl_coef = _rollout(), 0.3
-    score = ppo_lab.adjust_scores(r["scores"], r["has_eos"], adjust.get("missing_eos_penalty"), adjust.get("score_norm", False))
+    score = ppo_lab.adjust_scores(r["scores"], r["ended"], adjust.get("truncated_penalty"), adjust.get("score_norm", False))
     if "score_clip" in adjust:
         score = score.clamp(-adjust["score_clip"], adjust["score_clip"])
     beta_in_reward = kl_coef if kl_in == "reward" else 0.0
     rewards = ppo_lab.shape_rewards(
-        ppo_lab.adjust_scores(r["scores"], r["has_eos"], adjust.get("missing_eos_penalty"), adjust.get("score_norm", False)),
+        ppo_lab.adjust_scores(r["scores"], r["ended"], adjust.get("truncated_penalty"), adjust.get("score_norm", False)),
         r["old_logprobs"], r["ref_logprobs"], r["mask"], beta_in_reward, estimator, adjust.get("score_clip"),
     )
     got = rollout_metrics(**r, rewards=rewards, advantages=None, kl_coef=kl_coef, kl_in=kl_in, kl_estimator=estimator)
@@ -116,7 +116,7 @@ def test_sampling_is_one_keyword_only_object():
         Sampling(12, 0.7)  # positional settings are what it replaces
     s = Sampling(max_new_tokens=12, temperature=0.7, stop_ids=[2])
     assert s.stop_ids == (2,) and s.top_k == 0 and s.top_p == 1.0
-    with pytest.raises(ValueError, match=r"Sampling.max_new_tokens = 0 must be >= 1"):
+    with pytest.raises(ValueError, match=r"sampling.max_new_tokens = 0 must be an integer >= 1"):
         Sampling(max_new_tokens=0)
     with pytest.raises(TypeError, match=r"`sampling` must be a ppo_lab.Sampling"):
         ppo_lab.generate(torch.nn.Linear(1, 1), None, ["x"], 12)

@@ -77,18 +77,21 @@ def test_model_shape_refuses_what_it_cannot_read():
     "overrides",
     [
         {},
-        {"critic": "shared", "minibatch_size": 32, "gradient_accumulation_steps": 2},
-        {"lora_r": 8},
-        {"gradient_checkpointing": True, "entropy_coef": 0.01},
-        {"logprob_chunk_size": 16, "task": "arithmetic", "rollout_batch_size": 32},
+        {"critic.design": "shared", "batch.minibatch": 32, "batch.accumulation_steps": 2},
+        {"lora.r": 8},
+        {"memory.gradient_checkpointing": True, "loss.entropy_coef": 0.01},
+        {"memory.logprob_chunk": 16, "data.task": "arithmetic", "batch.rollout": 32},
     ],
 )
 def test_the_estimate_is_within_25_percent_of_the_measured_peak(tiny_path, tmp_path, overrides):
-    if overrides.get("lora_r"):
+    if overrides.get("lora.r"):
         pytest.importorskip("peft")
-    values = dict(rollout_batch_size=64, minibatch_size=16, max_new_tokens=12, ppo_epochs=1, target_kl=None)
+    values = {
+        "batch.rollout": 64, "batch.minibatch": 16, "sampling.max_new_tokens": 12, "batch.epochs": 1,
+        "optim.early_stop_kl": None,
+    }
     values.update(overrides)
-    trainer = PPOTrainer(small_config(tmp_path, **values))
+    trainer = PPOTrainer(small_config(tmp_path, values))
     trainer.step()  # AdamW's moments exist from the first step on
     rollout_peak, update_peak, ro = measure_iteration(trainer)
     est = estimate_memory(trainer.config, ModelShape.of(trainer.lm), prompt_len=ro.query_ids.shape[1], response_len=ro.response_ids.shape[1])
@@ -101,13 +104,13 @@ def test_the_estimate_responds_to_each_memory_switch():
     from ppo_lab.config import PPOConfig
 
     shape = ModelShape.from_config(LlamaConfig(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2))
-    base = PPOConfig(rollout_batch_size=64, minibatch_size=16, max_new_tokens=512)
+    base = PPOConfig(**{"batch.rollout": 64, "batch.minibatch": 16, "sampling.max_new_tokens": 512})
     est = lambda cfg, **kw: estimate_memory(cfg, shape, prompt_len=256, **kw)  # noqa: E731
     plain = est(base)
-    assert est(PPOConfig(**{**base.to_dict(), "gradient_checkpointing": True})).update["activations"] < plain.update["activations"] / 5
-    assert est(PPOConfig(**{**base.to_dict(), "logprob_chunk_size": 1024})).update["logits"] < plain.update["logits"] / 5
-    shared = est(PPOConfig(**{**base.to_dict(), "critic": "shared"}))
-    lora = est(PPOConfig(**{**base.to_dict(), "critic": "shared", "lora_r": 16}))
+    assert est(PPOConfig(**{**base.to_dict(), "memory.gradient_checkpointing": True})).update["activations"] < plain.update["activations"] / 5
+    assert est(PPOConfig(**{**base.to_dict(), "memory.logprob_chunk": 1024})).update["logits"] < plain.update["logits"] / 5
+    shared = est(PPOConfig(**{**base.to_dict(), "critic.design": "shared"}))
+    lora = est(PPOConfig(**{**base.to_dict(), "critic.design": "shared", "lora.r": 16}))
     assert "reference weights" not in lora.update and lora.update["optimizer state"] < shared.update["optimizer state"] / 50
     sharded = [est(base, processes=8, sharding=s).update for s in ("none", "zero1", "zero2", "zero3")]
     assert sharded[1]["optimizer state"] == plain.update["optimizer state"] // 8
@@ -119,7 +122,7 @@ def test_the_estimate_responds_to_each_memory_switch():
         est(base, sharding="zero4")
     with pytest.raises(ValueError, match="no response for a micro-batch"):
         est(base, processes=32)  # 16 responses per minibatch over 32 processes
-    chunked = est(PPOConfig(**{**base.to_dict(), "logprob_chunk_size": 1024}))
+    chunked = est(PPOConfig(**{**base.to_dict(), "memory.logprob_chunk": 1024}))
     assert chunked.rollout["scoring logits"] < plain.rollout["scoring logits"] / 5
 
 
@@ -189,14 +192,17 @@ def test_a_model_whose_logits_are_not_its_head_is_refused_for_chunking():
         return out
 
     model.register_forward_hook(soft_cap)
-    with pytest.raises(ValueError, match="logprob_chunk_size"):
+    with pytest.raises(ValueError, match="memory.logprob_chunk"):
         check_chunkable(model, ids)
 
 
 def test_a_chunked_run_trains_like_the_unchunked_one(tiny_path, tmp_path):
     runs = []
     for chunk in (None, 5):
-        cfg = small_config(tmp_path / str(chunk), logprob_chunk_size=chunk, entropy_coef=0.01, eval_interval=1, save_interval=1)
+        cfg = small_config(tmp_path / str(chunk), {
+                "memory.logprob_chunk": chunk, "loss.entropy_coef": 0.01, "run.eval_interval": 1,
+                "run.save_interval": 1,
+            })
         trainer = PPOTrainer(cfg)
         runs.append(trainer.train())
         assert (tmp_path / str(chunk) / "run" / "checkpoints").is_dir() and (tmp_path / str(chunk) / "run" / "policy").is_dir()

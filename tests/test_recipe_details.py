@@ -61,8 +61,8 @@ def test_window_decides_where_a_response_ends_not_what_is_sampled(tiny_path):
 
 def test_stop_after_is_checked():
     with pytest.raises(ValueError, match=r"stop_after = 8 leaves no position"):
-        small_config(Path("."), stop_after=8)
-    with pytest.raises(ValueError, match=r"Sampling.stop_after = 4 must be in \[0, max_new_tokens = 4\)"):
+        small_config(Path("."), {"sampling.stop_after": 8})
+    with pytest.raises(ValueError, match=r"sampling.stop_after = 4 leaves no position where a response could stop \(max_new_tokens = 4\)"):
         Sampling(max_new_tokens=4, stop_after=4)
 
 
@@ -71,19 +71,19 @@ def test_stop_after_is_checked():
 
 def test_a_missing_eos_rule_with_ignore_eos_is_refused():
     with pytest.raises(ValueError, match="ignore_eos never lets a response stop"):
-        small_config(Path("."), ignore_eos=True, missing_eos_score=-1.0)
+        small_config(Path("."), {"sampling.ignore_eos": True, "reward.truncated_score": -1.0})
 
 
 def test_missing_eos_score_replaces_and_penalty_subtracts():
     scores, eos = torch.tensor([0.5, 2.0, -3.0]), torch.tensor([True, False, False])
-    assert adjust_scores(scores, eos, missing_eos_score=-1.0).tolist() == [0.5, -1.0, -1.0]
-    assert adjust_scores(scores, eos, missing_eos_penalty=1.0).tolist() == [0.5, 1.0, -4.0]
+    assert adjust_scores(scores, eos, truncated_score=-1.0).tolist() == [0.5, -1.0, -1.0]
+    assert adjust_scores(scores, eos, truncated_penalty=1.0).tolist() == [0.5, 1.0, -4.0]
     # the gain and bias come first; the replacement is on the normalised scale
-    assert adjust_scores(scores, eos, missing_eos_score=-1.0, gain=2.0, bias=1.0).tolist() == [2.0, -1.0, -1.0]
+    assert adjust_scores(scores, eos, truncated_score=-1.0, gain=2.0, bias=1.0).tolist() == [2.0, -1.0, -1.0]
     with pytest.raises(ValueError, match="not both"):
-        adjust_scores(scores, eos, missing_eos_penalty=1.0, missing_eos_score=-1.0)
+        adjust_scores(scores, eos, truncated_penalty=1.0, truncated_score=-1.0)
     with pytest.raises(ValueError, match="set one of them"):
-        small_config(Path("."), missing_eos_penalty=1.0, missing_eos_score=-1.0)
+        small_config(Path("."), {"reward.truncated_penalty": 1.0, "reward.truncated_score": -1.0})
 
 
 @pytest.mark.parametrize("mode", ["mean-std", "mean"])
@@ -102,7 +102,10 @@ def test_reference_normalization_against_the_formula(mode):
 
 
 def test_reference_score_norm_is_fitted_once_and_resumed(tiny_path, tmp_path, monkeypatch):
-    cfg = small_config(tmp_path, reference_score_norm="mean-std", reference_score_samples=32, save_interval=1, eval_interval=1)
+    cfg = small_config(tmp_path, {
+            "reward.reference_norm": "mean-std", "reward.reference_samples": 32, "run.save_interval": 1,
+            "run.eval_interval": 1,
+        })
     trainer = PPOTrainer(cfg)
     ref = trainer.reference_scores(32)
     assert float((ref * trainer.score_gain + trainer.score_bias).mean()) == pytest.approx(0.0, abs=1e-5)
@@ -114,11 +117,11 @@ def test_reference_score_norm_is_fitted_once_and_resumed(tiny_path, tmp_path, mo
     want = shape_rewards(ro.scores * trainer.score_gain + trainer.score_bias, ro.old_logprobs, ro.ref_logprobs, ro.mask, trainer.kl_ctl.value)
     assert torch.allclose(rewards, want, atol=1e-6)
     monkeypatch.setattr(PPOTrainer, "reference_scores", lambda self, n: pytest.fail("a resumed run refitted the normalisation"))
-    resumed = PPOTrainer(small_config(tmp_path, reference_score_norm="mean-std", reference_score_samples=32, resume_from="latest"))
+    resumed = PPOTrainer(small_config(tmp_path, {"reward.reference_norm": "mean-std", "reward.reference_samples": 32, "run.resume_from": "latest"}))
     assert (resumed.score_gain, resumed.score_bias) == (trainer.score_gain, trainer.score_bias)
     for other in ("none", "mean"):
-        with pytest.raises(ValueError, match=f"trained with reference_score_norm = 'mean-std', this run asks for '{other}'"), pytest.warns(UserWarning):
-            PPOTrainer(small_config(tmp_path, reference_score_norm=other, resume_from="latest"))
+        with pytest.raises(ValueError, match=f"trained with reward.reference_norm = 'mean-std', this run asks for '{other}'"), pytest.warns(UserWarning):
+            PPOTrainer(small_config(tmp_path, {"reward.reference_norm": other, "run.resume_from": "latest"}))
 
 
 def test_reference_prompts_are_drawn_at_random(tiny_path, tmp_path, monkeypatch):
@@ -135,7 +138,7 @@ def test_reference_prompts_are_drawn_at_random(tiny_path, tmp_path, monkeypatch)
 
 
 def test_whiten_rewards_scales_the_shaped_rewards_and_keeps_their_mean(tiny_path, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, whiten_rewards=True))
+    trainer = PPOTrainer(small_config(tmp_path, {"advantage.whiten_rewards": True}))
     ro = trainer.rollout(trainer.next_prompts())
     rewards, advantages, returns = trainer.advantages(ro)
     raw = shape_rewards(ro.scores, ro.old_logprobs, ro.ref_logprobs, ro.mask, trainer.kl_ctl.value)
@@ -157,7 +160,7 @@ def test_whiten_rewards_scales_the_shaped_rewards_and_keeps_their_mean(tiny_path
 
 
 def test_adam_eps_and_weight_decay_reach_the_optimizer(tiny_path, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, adam_eps=1e-5, weight_decay=0.01))
+    trainer = PPOTrainer(small_config(tmp_path, {"optim.adam_eps": 1e-5, "optim.weight_decay": 0.01}))
     assert {(group["eps"], group["weight_decay"]) for group in trainer.optimizer.param_groups} == {(1e-5, 0.01)}
 
 
@@ -168,7 +171,7 @@ def test_per_model_clipping_leaves_the_policy_gradient_alone(tiny_path, tmp_path
     the critic's alone."""
     norms = {}
     for scope in ("global", "per-model"):
-        trainer = PPOTrainer(small_config(tmp_path / scope, critic=critic, max_grad_norm=1.0, grad_clip_scope=scope))
+        trainer = PPOTrainer(small_config(tmp_path / scope, {"critic.design": critic, "optim.max_grad_norm": 1.0, "optim.clip_scope": scope}))
         policy_params, critic_params = (g["params"] for g in trainer.optimizer.param_groups)
         g = torch.Generator().manual_seed(0)
         for p in policy_params:
@@ -195,12 +198,12 @@ def test_per_model_clipping_leaves_the_policy_gradient_alone(tiny_path, tmp_path
 
 
 def test_linear_schedule_reaches_zero_after_the_last_step(tiny_path, tmp_path):
-    history = PPOTrainer(small_config(tmp_path, lr_schedule="linear", learning_rate=1e-3, target_kl=None)).train()
+    history = PPOTrainer(small_config(tmp_path, {"optim.schedule": "linear", "optim.lr": 1e-3, "optim.early_stop_kl": None})).train()
     assert [m["lr"] for m in history] == [pytest.approx(5e-4), 0.0]  # 4 of 8 steps, then all 8
 
 
 def test_per_model_clipping_logs_both_norms(tiny_path, tmp_path):
-    (m,) = PPOTrainer(small_config(tmp_path, grad_clip_scope="per-model", total_iterations=1)).train()
+    (m,) = PPOTrainer(small_config(tmp_path, {"optim.clip_scope": "per-model", "run.iterations": 1})).train()
     assert math.isfinite(m["policy/grad_norm"]) and math.isfinite(m["critic/grad_norm"])
 
 
@@ -251,21 +254,21 @@ def test_the_trainer_scores_at_the_sampled_eos(eos_reward_model, tmp_path):
     """The rollout's scores are the reward model read at each response's last real token (its
     EOS when it ended), from the ids as sampled; reading the decoded and re-tokenised text,
     as the trainer once did, lands on the word before the EOS and gives other scores."""
-    trainer = PPOTrainer(small_config(tmp_path, reward=str(eos_reward_model), rollout_batch_size=32))
+    trainer = PPOTrainer(small_config(tmp_path, {"reward.source": str(eos_reward_model), "batch.rollout": 32}))
     assert trainer.reward_by_ids
     ro = trainer.rollout(trainer.next_prompts())
-    assert bool(ro.has_eos.any())
+    assert bool(ro.ended.any())
     model = trainer.reward_fn.model
     ids = torch.cat([ro.query_ids, ro.response_ids], 1)
     att = torch.cat([ro.query_mask, ro.mask.long()], 1)
     order = torch.sort(1 - att, dim=1, stable=True).indices
     ids, att = ids.gather(1, order), att.gather(1, order)
     last = att.sum(1) - 1
-    assert torch.equal(ids[ro.has_eos, last[ro.has_eos]], torch.full_like(last[ro.has_eos], trainer.tokenizer.eos_token_id))
+    assert torch.equal(ids[ro.ended, last[ro.ended]], torch.full_like(last[ro.ended], trainer.tokenizer.eos_token_id))
     assert torch.allclose(ro.scores, _read_at(model, ids, att, last), atol=1e-5)
     # the old path: the decoded text, re-tokenised, read at its last token (the word before EOS)
     old = SequenceClassifierReward(str(eos_reward_model))(ro.prompts, ro.responses)
-    assert not torch.allclose(ro.scores[ro.has_eos], old[ro.has_eos], atol=1e-2)
+    assert not torch.allclose(ro.scores[ro.ended], old[ro.ended], atol=1e-2)
     # with another tokenizer the text goes through, with that tokenizer's EOS appended: same scores
     trainer.reward_by_ids = False
     by_text = trainer.score(ro.prompts, ro.responses, _sample_of(ro))
@@ -275,7 +278,7 @@ def test_the_trainer_scores_at_the_sampled_eos(eos_reward_model, tmp_path):
 def _sample_of(ro):
     from ppo_lab.sampling import Sample
 
-    return Sample(ro.query_ids, ro.query_mask, ro.response_ids, ro.mask, ro.has_eos)
+    return Sample(ro.query_ids, ro.query_mask, ro.response_ids, ro.mask, ro.ended)
 
 
 def test_a_python_reward_can_ask_whether_each_response_ended(tiny_path, tmp_path):
@@ -285,13 +288,13 @@ def test_a_python_reward_can_ask_whether_each_response_ended(tiny_path, tmp_path
         seen.append(list(ended))
         return [1.0 if e else -1.0 for e in ended]
 
-    trainer = PPOTrainer(small_config(tmp_path, max_new_tokens=4, rollout_batch_size=32), reward_fn=reward)
+    trainer = PPOTrainer(small_config(tmp_path, {"sampling.max_new_tokens": 4, "batch.rollout": 32}), reward_fn=reward)
     ro = trainer.rollout(trainer.next_prompts())
-    assert seen[-1] == ro.has_eos.tolist() and {True, False} <= set(seen[-1])  # both kinds occurred
+    assert seen[-1] == ro.ended.tolist() and {True, False} <= set(seen[-1])  # both kinds occurred
     eos = trainer.tokenizer.eos_token_id
     last = ro.response_ids.gather(1, (ro.mask.sum(1).long() - 1)[:, None]).squeeze(1)
     assert seen[-1] == (last == eos).tolist()  # ended = the last real token is the EOS
-    assert ro.scores.tolist() == [1.0 if e else -1.0 for e in ro.has_eos.tolist()]
+    assert ro.scores.tolist() == [1.0 if e else -1.0 for e in ro.ended.tolist()]
 
 
 # --- the reward-model trainer --------------------------------------------------------------------
@@ -366,7 +369,7 @@ def test_prompts_from_files(tiny_path, tmp_path):
     (tmp_path / "p.jsonl").write_text(json.dumps({"query": "the story is", "id": 1}) + "\n")
     assert read_prompts(str(tmp_path / "p.txt")) == ["the movie was", "this food is"]
     assert read_prompts(str(tmp_path / "p.jsonl"), "query") == ["the story is"]
-    with pytest.raises(ValueError, match=r"line 1: no 'prompt' \(has 'query', 'id'\); set prompt_field"):
+    with pytest.raises(ValueError, match=r"line 1: no 'prompt' \(has 'query', 'id'\); set data.prompt_field"):
         read_prompts(str(tmp_path / "p.jsonl"))
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{oops\n')
     with pytest.raises(ValueError, match=r"line 2: not valid JSON"):
@@ -374,18 +377,24 @@ def test_prompts_from_files(tiny_path, tmp_path):
     with pytest.raises(ValueError, match=r"prompts file '/no/such.txt' does not exist"):
         read_prompts("/no/such.txt")
     with pytest.raises(ValueError, match=r"p.jsonl', line 1: no 'prompt' \(has"):
-        PPOTrainer(small_config(tmp_path, prompts_file=str(tmp_path / "p.txt"), eval_prompts_file=str(tmp_path / "p.jsonl")))
+        PPOTrainer(small_config(tmp_path, {
+                "data.prompts_file": str(tmp_path / "p.txt"),
+                "data.eval_prompts_file": str(tmp_path / "p.jsonl"),
+            }))
     # the .txt file is read line by line; prompt_field only matters for the .jsonl one
-    files = dict(prompts_file=str(tmp_path / "p.txt"), eval_prompts_file=str(tmp_path / "p.jsonl"), prompt_field="query")
-    trainer = PPOTrainer(small_config(tmp_path, **files, total_iterations=1, eval_interval=1, save_interval=1))
+    files = {
+        "data.prompts_file": str(tmp_path / "p.txt"), "data.eval_prompts_file": str(tmp_path / "p.jsonl"),
+        "data.prompt_field": "query",
+    }
+    trainer = PPOTrainer(small_config(tmp_path, files, {"run.iterations": 1, "run.eval_interval": 1, "run.save_interval": 1}))
     assert (trainer.train_prompts, trainer.eval_prompts) == (["the movie was", "this food is"], ["the story is"])
     assert set(trainer.next_prompts()) <= {"the movie was", "this food is"}
     trainer.train()
     samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
     assert {s["prompt"] for s in samples} == {"the story is"}
-    assert PPOTrainer(small_config(tmp_path, **files, total_iterations=1, resume_from="latest")).iteration == 1
-    with pytest.raises(ValueError, match="training prompts were passed in and PPOConfig.prompts_file"):
-        PPOTrainer(small_config(tmp_path / "c", **files), train_prompts=["x"])
+    assert PPOTrainer(small_config(tmp_path, files, {"run.iterations": 1, "run.resume_from": "latest"})).iteration == 1
+    with pytest.raises(ValueError, match="training prompts were passed in and data.prompts_file"):
+        PPOTrainer(small_config(tmp_path / "c", files), train_prompts=["x"])
 
 
 def test_model_names_may_carry_a_revision(monkeypatch):
@@ -419,14 +428,21 @@ def test_the_offline_recipe_preset_trains_end_to_end(tiny_path, tmp_path):
     and resumes without refitting the score normalisation."""
     from ppo_lab import PPOConfig
 
-    cfg = PPOConfig.from_yaml("tiny-rlhf-recipe", output_dir=str(tmp_path / "run"), total_iterations=3, eval_interval=1, save_interval=1, progress_bar=False, reference_score_samples=32)
+    cfg = PPOConfig.from_yaml("tiny-rlhf-recipe", **{
+            "run.output_dir": str(tmp_path / "run"), "run.iterations": 3, "run.eval_interval": 1,
+            "run.save_interval": 1, "run.progress_bar": False, "reward.reference_samples": 32,
+        })
     trainer = PPOTrainer(cfg)
     history = trainer.train()
     assert len(history) == 3 and all(math.isfinite(m["reward/score_mean"]) for m in history)
     assert all(m["policy/steps"] == 4 for m in history)  # one minibatch per epoch, no early stop
     assert (tmp_path / "run" / "policy").is_dir() and (tmp_path / "run" / "samples.jsonl").is_file()
     assert trainer.score_gain != 1.0
-    resumed = PPOTrainer(PPOConfig.from_yaml("tiny-rlhf-recipe", output_dir=str(tmp_path / "run"), total_iterations=4, eval_interval=1, save_interval=1, progress_bar=False, reference_score_samples=32, resume_from="latest"))
+    resumed = PPOTrainer(PPOConfig.from_yaml("tiny-rlhf-recipe", **{
+            "run.output_dir": str(tmp_path / "run"), "run.iterations": 4, "run.eval_interval": 1,
+            "run.save_interval": 1, "run.progress_bar": False, "reward.reference_samples": 32,
+            "run.resume_from": "latest",
+        }))
     assert (resumed.score_gain, resumed.score_bias) == (trainer.score_gain, trainer.score_bias)
     history = resumed.train()
     assert [m["iteration"] for m in history] == [1, 2, 3, 4]
@@ -444,8 +460,8 @@ def test_per_model_clipping_unscales_fp16_gradients_once(tiny_path, tmp_path):
     unscaled once before both norms: the norms equal those of the same step without a scaler."""
     from test_scale import _emulate_fp16_loss_scaling
 
-    plain = PPOTrainer(small_config(tmp_path / "plain", grad_clip_scope="per-model", target_kl=None)).step()
-    trainer = PPOTrainer(small_config(tmp_path / "scaled", grad_clip_scope="per-model", target_kl=None))
+    plain = PPOTrainer(small_config(tmp_path / "plain", {"optim.clip_scope": "per-model", "optim.early_stop_kl": None})).step()
+    trainer = PPOTrainer(small_config(tmp_path / "scaled", {"optim.clip_scope": "per-model", "optim.early_stop_kl": None}))
     _emulate_fp16_loss_scaling(trainer, torch.amp.GradScaler("cpu", init_scale=2.0**8))
     scaled = trainer.step()
     assert scaled["train/overflow_steps"] == 0.0 and scaled["policy/steps"] == plain["policy/steps"]
@@ -459,13 +475,13 @@ def test_per_model_clipping_unscales_fp16_gradients_once(tiny_path, tmp_path):
 def test_vf_coef_weighs_the_value_loss(tiny_path, tmp_path):
     import dataclasses
 
-    trainer = PPOTrainer(small_config(tmp_path, critic="shared"))
+    trainer = PPOTrainer(small_config(tmp_path, {"critic.design": "shared"}))
     ro = trainer.rollout(trainer.next_prompts())
     _, adv, ret = trainer.advantages(ro)
     idx = torch.arange(8)
     losses = {}
     for c in (0.1, 0.5):
-        trainer.config = dataclasses.replace(trainer.config, vf_coef=c)
+        trainer.config = trainer.config.replace({"critic.loss_coef": c})
         trainer.objective = Objective(trainer.config, trainer.choices)  # where the config meets the loss
         loss, metrics = trainer.minibatch_loss(ro, idx, adv, ret)
         losses[c] = (loss.item(), metrics["loss/policy"].item(), metrics["loss/value"].item())
@@ -479,7 +495,7 @@ def test_one_temperature_everywhere_keeps_the_first_step_on_policy(tiny_path, tm
     the reference's all divide by the same 0.7: the reference agrees with the sampler exactly
     before the first update, and the first minibatch's ratio is 1."""
     for source in ("sampling", "forward"):
-        trainer = PPOTrainer(small_config(tmp_path / source, temperature=0.7, old_logprobs=source))
+        trainer = PPOTrainer(small_config(tmp_path / source, {"sampling.temperature": 0.7, "sampler.old_logprobs_from": source}))
         ro = trainer.rollout(trainer.next_prompts())
         real = ro.mask.bool()
         assert torch.allclose(ro.old_logprobs[real], ro.ref_logprobs[real], atol=1e-5)
@@ -489,7 +505,7 @@ def test_one_temperature_everywhere_keeps_the_first_step_on_policy(tiny_path, tm
 
 
 def test_the_shared_value_head_starts_at_zero(tiny_path, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, critic="shared"))
+    trainer = PPOTrainer(small_config(tmp_path, {"critic.design": "shared"}))
     head = trainer.bare(trainer.policy).v_head
     assert float(head.weight.detach().abs().max()) == 0.0 and float(head.bias.detach().abs().max()) == 0.0
     ro = trainer.rollout(trainer.next_prompts())
@@ -500,13 +516,13 @@ def test_the_shared_value_head_starts_at_zero(tiny_path, tmp_path):
 
 
 def test_a_stop_token_ending_gets_the_eos_the_reward_model_was_trained_on(eos_reward_model, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, reward=str(eos_reward_model), stop_token=".", rollout_batch_size=32))
+    trainer = PPOTrainer(small_config(tmp_path, {"reward.source": str(eos_reward_model), "sampling.stop_token": ".", "batch.rollout": 32}))
     ro = trainer.rollout(trainer.next_prompts())
     period = trainer.tokenizer.convert_tokens_to_ids(".")
     last = ro.response_ids.gather(1, (ro.mask.sum(1).long() - 1)[:, None]).squeeze(1)
-    assert bool((ro.has_eos & (last == period)).any())  # responses that ended on the period exist
+    assert bool((ro.ended & (last == period)).any())  # responses that ended on the period exist
     rm = trainer.reward_fn
-    by_text = rm(ro.prompts, ro.responses, ended=ro.has_eos.tolist())  # EOS appended to every ended response
+    by_text = rm(ro.prompts, ro.responses, ended=ro.ended.tolist())  # EOS appended to every ended response
     assert torch.allclose(ro.scores.cpu(), by_text, atol=1e-5)
     as_sampled = rm.score_ids(ro.query_ids, ro.query_mask, ro.response_ids, ro.mask)  # read at the period
     assert not torch.allclose(as_sampled[last == period], by_text[last == period], atol=1e-3)
@@ -542,7 +558,7 @@ def test_entropy_coef_subtracts_the_entropy_bonus(tiny_path, tmp_path):
     ro = trainer.rollout(trainer.next_prompts())
     _, adv, ret = trainer.advantages(ro)
     plain, _ = trainer.minibatch_loss(ro, torch.arange(8), adv, ret)
-    trainer.config = dataclasses.replace(trainer.config, entropy_coef=0.01)
+    trainer.config = trainer.config.replace({"loss.entropy_coef": 0.01})
     trainer.objective = Objective(trainer.config, trainer.choices)  # where the config meets the loss
     bonus, metrics = trainer.minibatch_loss(ro, torch.arange(8), adv, ret)
     assert metrics["loss/entropy"].item() > 0

@@ -23,7 +23,7 @@ def test_policy_from_a_local_folder(tiny_path, tmp_path):
     folder = tmp_path / "my-model"
     policy.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    cfg = small_config(tmp_path, policy_model=str(folder), total_iterations=1)
+    cfg = small_config(tmp_path, {"policy.model": str(folder), "run.iterations": 1})
     trainer = PPOTrainer(cfg)
     assert trainer.lm.config.n_embd == policy.config.n_embd
     trainer.train()
@@ -32,18 +32,18 @@ def test_policy_from_a_local_folder(tiny_path, tmp_path):
 
 
 def test_unknown_model_path_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match=r"could not load the (tokenizer of PPOConfig.policy_model|policy model) from '/nowhere/model': no such folder"):
-        PPOTrainer(small_config(tmp_path, policy_model="/nowhere/model"))
+    with pytest.raises(ValueError, match=r"could not load the (tokenizer of policy.model|policy model) from '/nowhere/model': no such folder"):
+        PPOTrainer(small_config(tmp_path, {"policy.model": "/nowhere/model"}))
     # a name that is not a path goes to the hub, which is off in the tests
-    with pytest.raises(ValueError, match=r"could not load the (tokenizer of PPOConfig.policy_model|policy model) from 'nobody/no-model' \(not a local folder; hub downloads are off\)"):
-        PPOTrainer(small_config(tmp_path, policy_model="nobody/no-model"))
+    with pytest.raises(ValueError, match=r"could not load the (tokenizer of policy.model|policy model) from 'nobody/no-model' \(not a local folder; hub downloads are off\)"):
+        PPOTrainer(small_config(tmp_path, {"policy.model": "nobody/no-model"}))
 
 
 def test_tokenizer_without_pad_token_gets_eos(tiny_path, tmp_path):
     tokenizer = load_tokenizer(str(tiny_path))
     tokenizer.pad_token = None
     assert tokenizer.pad_token_id is None
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1), tokenizer=tokenizer)
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1}), tokenizer=tokenizer)
     assert trainer.tokenizer.pad_token_id == trainer.tokenizer.eos_token_id
     (m,) = trainer.train()
     assert math.isfinite(m["loss/policy"])
@@ -52,11 +52,11 @@ def test_tokenizer_without_pad_token_gets_eos(tiny_path, tmp_path):
 def test_pad_equal_eos_keeps_the_eos_in_the_mask(tiny_path, tmp_path):
     tokenizer = load_tokenizer(str(tiny_path))
     tokenizer.pad_token = tokenizer.eos_token
-    trainer = PPOTrainer(small_config(tmp_path, max_new_tokens=12), tokenizer=tokenizer)
+    trainer = PPOTrainer(small_config(tmp_path, {"sampling.max_new_tokens": 12}), tokenizer=tokenizer)
     ro = trainer.rollout(trainer.next_prompts())
     eos = tokenizer.eos_token_id
-    assert ro.has_eos.any()
-    for ids, mask, has in zip(ro.response_ids, ro.mask, ro.has_eos):
+    assert ro.ended.any()
+    for ids, mask, has in zip(ro.response_ids, ro.mask, ro.ended):
         n = int(mask.sum())
         if has:
             first = (ids == eos).nonzero()[0].item()
@@ -101,7 +101,7 @@ def test_prompt_longer_than_the_context(tiny_path, tmp_path):
 
 def test_unknown_stop_token(tiny_path, tmp_path):
     with pytest.raises(ValueError, match=r"stop_token = 'zzz' is not a token"):
-        PPOTrainer(small_config(tmp_path, stop_token="zzz"))
+        PPOTrainer(small_config(tmp_path, {"sampling.stop_token": "zzz"}))
 
 
 def test_reward_from_module_function(tiny_path, tmp_path):
@@ -134,7 +134,7 @@ def test_learned_reward_model_end_to_end(tiny_path, tmp_path):
     assert early.float().mean() < (chosen > rejected).float().mean() - 0.05
     critic = load_critic(str(tmp_path / "rm"))
     assert torch.equal(critic.head.weight, rm.model.score.weight)  # the head came along
-    cfg = small_config(tmp_path, reward=str(tmp_path / "rm"), critic_model=str(tmp_path / "rm"), total_iterations=1)
+    cfg = small_config(tmp_path, {"reward.source": str(tmp_path / "rm"), "critic.model": str(tmp_path / "rm"), "run.iterations": 1})
     (m,) = PPOTrainer(cfg).train()
     assert math.isfinite(m["reward/score_mean"])
 

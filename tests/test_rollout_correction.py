@@ -96,21 +96,21 @@ def test_correction_weights_refuse_bad_arguments():
 
 def test_the_config_refuses_a_correction_in_the_bypass_form():
     with pytest.raises(ValueError, match="bypass form"):
-        PPOConfig(rollout_correction="tis", old_logprobs="sampling")
-    with pytest.raises(ValueError, match="rollout_correction_low"):
-        PPOConfig(rollout_correction="mis", rollout_correction_low=3.0, rollout_correction_high=2.0)
-    assert PPOConfig(rollout_correction="tis").old_logprobs == "auto"  # auto picks the forward
+        PPOConfig(**{"sampler.correction": "tis", "sampler.old_logprobs_from": "sampling"})
+    with pytest.raises(ValueError, match="sampler.correction_low"):
+        PPOConfig(**{"sampler.correction": "mis", "sampler.correction_low": 3.0, "sampler.correction_high": 2.0})
+    assert PPOConfig(**{"sampler.correction": "tis"}).sampler.old_logprobs_from == "auto"  # auto picks the forward
 
 
-def _history(tmp_path, name, **overrides):
-    trainer = PPOTrainer(small_config(tmp_path / name, **overrides))
+def _history(tmp_path, name, *settings):
+    trainer = PPOTrainer(small_config(tmp_path / name, *settings))
     return trainer, trainer.train()
 
 
 def test_without_a_gap_a_corrected_run_is_the_plain_run(tiny_path, tmp_path):
-    _, plain = _history(tmp_path, "plain", old_logprobs="forward")
+    _, plain = _history(tmp_path, "plain", {"sampler.old_logprobs_from": "forward"})
     for kind in ("tis", "mis"):
-        _, corrected = _history(tmp_path, kind, rollout_correction=kind, rollout_correction_low=0.5)
+        _, corrected = _history(tmp_path, kind, {"sampler.correction": kind, "sampler.correction_low": 0.5})
         for a, b in zip(plain, corrected):
             for key in ("reward/score_mean", "loss/policy", "policy/approx_kl", "objective/kl", "sampler/kl", "sampler/corrected_frac"):
                 # (the sampling loop's and the forward's log-probs agree to float round-off, ~1e-6)
@@ -120,7 +120,7 @@ def test_without_a_gap_a_corrected_run_is_the_plain_run(tiny_path, tmp_path):
 
 @pytest.mark.parametrize("accumulation", [1, 2, 4])
 def test_with_a_gap_the_first_ratio_is_one_in_the_decoupled_form_for_any_micro_batch(tiny_path, tmp_path, accumulation):
-    trainer = PPOTrainer(small_config(tmp_path, sampler_noise=0.2, gradient_accumulation_steps=accumulation, rollout_correction="tis"))
+    trainer = PPOTrainer(small_config(tmp_path, {"sampler.noise": 0.2, "batch.accumulation_steps": accumulation, "sampler.correction": "tis"}))
     first = trainer.first_step_metrics()
     assert first["policy/ratio_min"] == pytest.approx(1.0, abs=1e-5) and first["policy/ratio_max"] == pytest.approx(1.0, abs=1e-5)
     metrics = trainer.step()
@@ -128,7 +128,7 @@ def test_with_a_gap_the_first_ratio_is_one_in_the_decoupled_form_for_any_micro_b
 
 
 def test_in_the_bypass_form_the_gap_enters_the_ratio(tiny_path, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, sampler_noise=0.2, old_logprobs="sampling"))
+    trainer = PPOTrainer(small_config(tmp_path, {"sampler.noise": 0.2, "sampler.old_logprobs_from": "sampling"}))
     first = trainer.first_step_metrics()
     assert first["policy/ratio_max"] > 1.01 and first["policy/ratio_min"] < 0.99
     assert "sampler/kl" not in trainer.step()  # no trainer forward: nothing to compare with
@@ -137,7 +137,10 @@ def test_in_the_bypass_form_the_gap_enters_the_ratio(tiny_path, tmp_path):
 def test_the_weights_reach_the_loss(tiny_path, tmp_path):
     # a band this narrow masks many tokens; on-policy (the decoupled form's first step, ratio 1)
     # the clipped loss of a token is -w A, so the policy loss is the mean of -w A over the tokens
-    trainer = PPOTrainer(small_config(tmp_path, sampler_noise=0.2, rollout_correction="mis", rollout_correction_low=0.999, rollout_correction_high=1.001))
+    trainer = PPOTrainer(small_config(tmp_path, {
+            "sampler.noise": 0.2, "sampler.correction": "mis", "sampler.correction_low": 0.999,
+            "sampler.correction_high": 1.001,
+        }))
     ro = trainer.rollout(trainer.next_prompts())
     weights = ro.weights
     assert weights is not None and (weights[ro.mask == 1] == 0).float().mean() > 0.2
@@ -153,8 +156,8 @@ def test_the_weights_reach_the_loss(tiny_path, tmp_path):
 
 
 def test_the_sampler_copy_is_redrawn_each_iteration_and_the_same_for_the_same_seed(tiny_path, tmp_path):
-    a = PPOTrainer(small_config(tmp_path / "a", sampler_noise=0.1))
-    b = PPOTrainer(small_config(tmp_path / "b", sampler_noise=0.1))
+    a = PPOTrainer(small_config(tmp_path / "a", {"sampler.noise": 0.1}))
+    b = PPOTrainer(small_config(tmp_path / "b", {"sampler.noise": 0.1}))
     first = [p.clone() for p in a.sampler.model(a.lm, a.iteration).parameters()]
     assert all(torch.equal(x, y) for x, y in zip(first, b.sampler.model(b.lm, b.iteration).parameters()))
     assert not all(torch.equal(x, y) for x, y in zip(first, a.lm.parameters()))

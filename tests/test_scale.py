@@ -16,10 +16,10 @@ def _end_to_end(config, **kwargs):
     """Train with evaluation and checkpoints, evaluate again, resume from the last checkpoint."""
     trainer = PPOTrainer(config, **kwargs)
     history = trainer.train()
-    assert len(history) == config.total_iterations and "eval/score_mean" in history[-1]
+    assert len(history) == config.run.iterations and "eval/score_mean" in history[-1]
     assert len(trainer.evaluate(4)) == 4
-    resumed = PPOTrainer(config.__class__(**{**config.to_dict(), "resume_from": "latest"}), **kwargs)
-    assert resumed.iteration == config.total_iterations
+    resumed = PPOTrainer(config.__class__(**{**config.to_dict(), "run.resume_from": "latest"}), **kwargs)
+    assert resumed.iteration == config.run.iterations
     for (name, a), b in zip(trainer.lm.state_dict().items(), resumed.lm.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
     return trainer, history
@@ -50,7 +50,7 @@ def _count_block_forwards(trainer, model=None):
 def test_gradient_checkpointing_recomputes_the_blocks_and_changes_nothing_else(tiny_path, tmp_path, critic):
     runs = {}
     for flag in (False, True):
-        trainer = PPOTrainer(small_config(tmp_path / str(flag), total_iterations=1, critic=critic, gradient_checkpointing=flag))
+        trainer = PPOTrainer(small_config(tmp_path / str(flag), {"run.iterations": 1, "critic.design": critic, "memory.gradient_checkpointing": flag}))
         assert trainer.lm.is_activation_checkpointing is flag
         ro = trainer.rollout(trainer.next_prompts())
         _, adv, ret = trainer.advantages(ro)
@@ -74,13 +74,16 @@ def test_gradient_checkpointing_recomputes_the_blocks_and_changes_nothing_else(t
 def test_gradient_checkpointing_runs_with_evaluation_checkpoints_and_resume(tiny_path, tmp_path, critic):
     # The update leaves the models in train mode, where checkpointed blocks drop the KV cache:
     # evaluation used to fail at its second decoded token.
-    cfg = small_config(tmp_path, total_iterations=2, critic=critic, gradient_checkpointing=True, eval_interval=1, save_interval=1)
+    cfg = small_config(tmp_path, {
+            "run.iterations": 2, "critic.design": critic, "memory.gradient_checkpointing": True,
+            "run.eval_interval": 1, "run.save_interval": 1,
+        })
     trainer, _ = _end_to_end(cfg)
     assert not trainer.lm.training  # evaluation switched it back
 
 
 def test_bf16_autocast_keeps_fp32_master_weights_and_fp32_loss_math(tiny_path, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, precision="bf16"))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "memory.precision": "bf16"}))
     seen = {}
     head = trainer.lm.get_output_embeddings()
     hook = head.register_forward_hook(lambda m, a, out: seen.update(logits=out.dtype) if torch.is_grad_enabled() else None)
@@ -101,14 +104,17 @@ def test_torch_compile_runs_end_to_end_and_matches_eager_mode(tiny_path, tmp_pat
     # The "eager" backend traces the same graphs as inductor without generating code, so the
     # wiring is tested in seconds (inductor's agreement with eager mode is in the README).
     monkeypatch.setattr("ppo_lab.build.COMPILE_BACKEND", "eager")
-    cfg = small_config(tmp_path / "compiled", total_iterations=2, critic=critic, torch_compile=True, eval_interval=1, save_interval=1)
+    cfg = small_config(tmp_path / "compiled", {
+            "run.iterations": 2, "critic.design": critic, "memory.compile": True, "run.eval_interval": 1,
+            "run.save_interval": 1,
+        })
     trainer, compiled = _end_to_end(cfg)
     assert type(trainer.policy).__name__ == "OptimizedModule"
     assert type(trainer.lm).__name__ != "OptimizedModule"  # generation runs eagerly on the bare LM
     assert type(trainer.reference).__name__ != "OptimizedModule"
     if critic == "separate":
         assert type(trainer.critic).__name__ == "OptimizedModule"
-    eager = PPOTrainer(small_config(tmp_path / "eager", total_iterations=2, critic=critic, eval_interval=1)).train()
+    eager = PPOTrainer(small_config(tmp_path / "eager", {"run.iterations": 2, "critic.design": critic, "run.eval_interval": 1})).train()
     for got, want in zip(compiled, eager):
         for key, value in stable(want).items():
             assert stable(got)[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
@@ -119,7 +125,7 @@ def test_lora_policy_trains_the_adapter_and_its_reference_is_the_adapter_off(tin
     from ppo_lab.models import load_policy
     from ppo_lab.rollout import response_logits
 
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, lora_r=4, learning_rate=1e-2))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 2, "lora.r": 4, "optim.lr": 1e-2}))
     assert list(trainer.reference.parameters()) == []  # no second copy of the model
     trained = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
     lora = [p for n, p in trainer.lm.named_parameters() if "lora_" in n]
@@ -160,7 +166,7 @@ def test_a_bf16_checkpoint_trains_in_float32(tiny_path, tmp_path):
 
     with safe_open(f"{folder}/model.safetensors", "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, policy_model=folder, learning_rate=1e-6, target_kl=None))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "policy.model": folder, "optim.lr": 1e-6, "optim.early_stop_kl": None}))
     trained = [p for g in trainer.optimizer.param_groups for p in g["params"]]
     assert {p.dtype for p in trained} == {torch.float32}
     assert {p.dtype for p in trainer.reference.parameters()} == {torch.float32}
@@ -178,7 +184,7 @@ def test_a_bf16_policy_passed_in_is_cast_to_float32_with_a_warning(tiny_path, tm
 
     policy = load_policy(str(tiny_path)).to(torch.bfloat16)
     with pytest.warns(UserWarning, match="bfloat16 weights; cast to float32"):
-        trainer = PPOTrainer(small_config(tmp_path, total_iterations=1), policy=policy)
+        trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1}), policy=policy)
     assert {p.dtype for p in trainer.lm.parameters()} == {torch.float32}
 
 
@@ -187,7 +193,7 @@ def test_under_bf16_every_role_runs_in_one_precision_so_the_first_kl_is_zero(tin
     # The sampling loop, the policy's and the reference's scoring forwards used to run in
     # different precisions (bf16 autocast reached only the prepared models), so the KL to the
     # reference was not 0 before any update.
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, precision="bf16", critic=critic))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "memory.precision": "bf16", "critic.design": critic}))
     ro = trainer.rollout(trainer.next_prompts())
     assert ro.old_logprobs.dtype == torch.float32
     torch.testing.assert_close(ro.old_logprobs, ro.ref_logprobs, rtol=0, atol=0)
@@ -196,7 +202,7 @@ def test_under_bf16_every_role_runs_in_one_precision_so_the_first_kl_is_zero(tin
 
 
 def test_bf16_runs_end_to_end(tiny_path, tmp_path):
-    _end_to_end(small_config(tmp_path, total_iterations=2, precision="bf16", eval_interval=1, save_interval=1))
+    _end_to_end(small_config(tmp_path, {"run.iterations": 2, "memory.precision": "bf16", "run.eval_interval": 1, "run.save_interval": 1}))
 
 
 def _emulate_fp16_loss_scaling(trainer, scaler):
@@ -216,7 +222,7 @@ def test_fp16_overflow_lowers_the_loss_scale_and_training_goes_on(tiny_path, tmp
     # An overflow in the first steps of fp16 training is normal: the scaler skips that step and
     # halves its scale. The trainer used to skip without telling the scaler, and the next
     # unscale raised "unscale_() has already been called on this optimizer since the last update()".
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, target_kl=None))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "optim.early_stop_kl": None}))
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     _emulate_fp16_loss_scaling(trainer, scaler)
     overflow_first_backward(trainer)
@@ -232,7 +238,7 @@ def test_fp16_overflow_lowers_the_loss_scale_and_training_goes_on(tiny_path, tmp
 
 def test_fp16_loss_scaling_with_an_early_stop(tiny_path, tmp_path):
     # The target-KL stop drops gradients the scaler has already unscaled; it must tell the scaler.
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, target_kl=1e-9, learning_rate=1e-2))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 2, "optim.early_stop_kl": 1e-9, "optim.lr": 1e-2}))
     _emulate_fp16_loss_scaling(trainer, torch.amp.GradScaler("cpu", init_scale=2.0**10))
     for _ in range(2):
         metrics = trainer.step()
@@ -253,7 +259,7 @@ def test_sharded_backends_are_refused_with_what_is_supported(kind):
 def test_scoring_in_chunks_gives_the_same_rollout(tiny_path, tmp_path, critic):
     rollouts = {}
     for size in (None, 3):
-        trainer = PPOTrainer(small_config(tmp_path / str(size), critic=critic, old_logprobs="forward", forward_batch_size=size))
+        trainer = PPOTrainer(small_config(tmp_path / str(size), {"critic.design": critic, "sampler.old_logprobs_from": "forward", "batch.forward": size}))
         rollouts[size] = trainer.rollout(trainer.next_prompts())
     for name in ("old_logprobs", "ref_logprobs", "values", "entropy"):
         torch.testing.assert_close(getattr(rollouts[3], name), getattr(rollouts[None], name), rtol=1e-5, atol=1e-5, msg=name)
@@ -270,7 +276,7 @@ def test_the_trainer_refuses_fsdp_at_start_up(tiny_path, tmp_path, monkeypatch):
 
 def test_fp16_iteration_where_every_step_overflows_is_not_an_error(tiny_path, tmp_path):
     # No step taken means no approx KL for PPO-penalty's controller: it keeps its beta.
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, policy_loss="kl_penalty", target_kl=None))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "loss.policy": "kl_penalty", "optim.early_stop_kl": None}))
     _emulate_fp16_loss_scaling(trainer, torch.amp.GradScaler("cpu", init_scale=2.0**10))
     beta = trainer.penalty_ctl.value
     next(p for p in trainer.lm.parameters() if p.requires_grad).register_hook(lambda g: torch.full_like(g, float("inf")))

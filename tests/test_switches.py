@@ -28,7 +28,7 @@ def _grad_norms_at_step(trainer):
 
 @pytest.mark.parametrize("max_grad_norm", [0.01, None])
 def test_gradient_clipping_bounds_the_applied_gradient(tiny_path, tmp_path, max_grad_norm):
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, max_grad_norm=max_grad_norm, target_kl=None))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "optim.max_grad_norm": max_grad_norm, "optim.early_stop_kl": None}))
     applied = _grad_norms_at_step(trainer)
     metrics = trainer.step()
     assert len(applied) == metrics["policy/steps"] == 4
@@ -42,10 +42,10 @@ def test_gradient_clipping_bounds_the_applied_gradient(tiny_path, tmp_path, max_
 
 @pytest.mark.parametrize("whiten", [True, False])
 def test_whitening_normalises_the_advantages_the_update_uses(tiny_path, tmp_path, whiten):
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, whiten_advantages=whiten))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "advantage.whiten": whiten}))
     ro = trainer.rollout(trainer.next_prompts())
     rewards, advantages, returns = trainer.advantages(ro)
-    raw, _ = trainer.objective.estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=trainer.config.gamma, lam=trainer.config.lam)
+    raw, _ = trainer.objective.estimator(rewards, ro.mask, values=ro.values, group_ids=ro.group_ids, gamma=trainer.config.advantage.gamma, lam=trainer.config.advantage.lam)
     if whiten:
         assert abs(masked_mean(advantages, ro.mask).item()) < 1e-5
         assert masked_var(advantages, ro.mask).item() == pytest.approx(1.0, abs=1e-3)
@@ -61,7 +61,7 @@ def test_whitening_normalises_the_advantages_the_update_uses(tiny_path, tmp_path
 
 def test_lora_dropout_is_switched_off_so_the_first_step_is_on_policy(tiny_path, tmp_path):
     pytest.importorskip("peft")
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=1, lora_r=4, lora_dropout=0.3, target_kl=None))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "lora.r": 4, "lora.dropout": 0.3, "optim.early_stop_kl": None}))
     dropouts = [m for m in trainer.lm.modules() if isinstance(m, torch.nn.Dropout)]
     assert dropouts and all(m.p == 0.0 for m in dropouts)
     ro = trainer.rollout(trainer.next_prompts())
@@ -92,14 +92,20 @@ def test_the_readme_metric_table_lists_exactly_the_emitted_keys(tiny_path, tmp_p
 
     keys = set()
     configs = [
-        dict(eval_interval=1, grad_clip_scope="per-model", sampler_noise=0.05, rollout_correction="tis"),
-        dict(critic="shared", entropy_coef=0.01, kl_in="loss", dual_clip=3.0),
-        dict(policy_loss="kl_penalty", critic="none", advantage_estimator="rloo", responses_per_prompt=2, dynamic_sampling=True),
+        {
+            "run.eval_interval": 1, "optim.clip_scope": "per-model", "sampler.noise": 0.05,
+            "sampler.correction": "tis",
+        },
+        {"critic.design": "shared", "loss.entropy_coef": 0.01, "kl.placement": "loss", "loss.dual_clip": 3.0},
+        {
+            "loss.policy": "kl_penalty", "critic.design": "none", "advantage.estimator": "rloo",
+            "sampling.responses_per_prompt": 2, "sampling.dynamic": True,
+        },
     ]
     gold = lambda prompts, responses: [float(len(r)) for r in responses]  # noqa: E731 (reward/gold_mean, eval/gold_mean)
     for i, overrides in enumerate(configs):
-        keys |= set(PPOTrainer(small_config(tmp_path / str(i), total_iterations=1, **overrides), gold_fn=gold if i == 0 else None).train()[-1])
-    fp16 = PPOTrainer(small_config(tmp_path / "fp16", total_iterations=1))
+        keys |= set(PPOTrainer(small_config(tmp_path / str(i), {"run.iterations": 1}, overrides), gold_fn=gold if i == 0 else None).train()[-1])
+    fp16 = PPOTrainer(small_config(tmp_path / "fp16", {"run.iterations": 1}))
     _emulate_fp16_loss_scaling(fp16, torch.amp.GradScaler("cpu"))
     keys |= set(fp16.step())
     names = _readme_metric_names()
@@ -119,7 +125,7 @@ def _moved(before, model):
 
 
 def test_value_warmup_trains_only_the_critic_for_its_iterations(tiny_path, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, value_warmup_iterations=1))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 2, "critic.warmup_iterations": 1}))
     lm, critic = _weights(trainer.lm), _weights(trainer.critic)
     first = trainer.step()
     assert _moved(lm, trainer.lm) == 0.0 and _moved(critic, trainer.critic) > 0.0
@@ -131,7 +137,7 @@ def test_value_warmup_trains_only_the_critic_for_its_iterations(tiny_path, tmp_p
 def test_a_critic_learning_rate_moves_the_critic_at_its_own_rate(tiny_path, tmp_path):
     moved = {}
     for name, lr in (("same", None), ("slow", 1e-7)):
-        trainer = PPOTrainer(small_config(tmp_path / name, total_iterations=1, critic_learning_rate=lr, learning_rate=1e-3))
+        trainer = PPOTrainer(small_config(tmp_path / name, {"run.iterations": 1, "critic.lr": lr, "optim.lr": 1e-3}))
         assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-3, lr or 1e-3]
         lm, critic = _weights(trainer.lm), _weights(trainer.critic)
         trainer.step()
@@ -141,7 +147,7 @@ def test_a_critic_learning_rate_moves_the_critic_at_its_own_rate(tiny_path, tmp_
 
 
 def test_the_shared_value_head_gets_the_critic_learning_rate(tiny_path, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, critic="shared", critic_learning_rate=1e-5))
+    trainer = PPOTrainer(small_config(tmp_path, {"critic.design": "shared", "critic.lr": 1e-5}))
     head = {id(p) for p in trainer.bare(trainer.policy).v_head.parameters()}
     policy_group, critic_group = trainer.optimizer.param_groups
     assert {id(p) for p in critic_group["params"]} == head and critic_group["lr"] == 1e-5
@@ -153,7 +159,7 @@ def test_critic_lam_sets_the_return_targets_and_leaves_the_advantages(tiny_path,
 
     out = {}
     for name, critic_lam in (("plain", None), ("decoupled", 1.0)):
-        trainer = PPOTrainer(small_config(tmp_path / name, lam=0.9, critic_lam=critic_lam, whiten_advantages=False))
+        trainer = PPOTrainer(small_config(tmp_path / name, {"advantage.lam": 0.9, "critic.lam": critic_lam, "advantage.whiten": False}))
         ro = trainer.rollout(trainer.next_prompts())
         out[name] = ro, *trainer.advantages(ro)
     ro, rewards, advantages, returns = out["decoupled"]
@@ -167,7 +173,7 @@ def test_mean_pooling_feeds_the_critic_head_the_running_mean(tiny_path, tmp_path
     from ppo_lab.models import causal_mean_pool
     from ppo_lab.rollout import full_sequence
 
-    trainer = PPOTrainer(small_config(tmp_path, value_pooling="mean"))
+    trainer = PPOTrainer(small_config(tmp_path, {"critic.pooling": "mean"}))
     ro = trainer.rollout(trainer.next_prompts())
     critic = trainer.bare(trainer.critic)
     ids, attention, positions = full_sequence(ro.query_ids, ro.query_mask, ro.response_ids, ro.mask)
@@ -183,7 +189,7 @@ def test_mean_pooling_feeds_the_critic_head_the_running_mean(tiny_path, tmp_path
 
 
 def test_value_warmup_runs_no_policy_forward_in_its_update(tiny_path, tmp_path):
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, value_warmup_iterations=1))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 2, "critic.warmup_iterations": 1}))
     calls = []
     trainer.lm.register_forward_hook(lambda *a: calls.append(1))
     ro = trainer.rollout(trainer.next_prompts())

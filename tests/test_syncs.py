@@ -19,8 +19,8 @@ def test_the_counter_counts_read_backs_and_nothing_else():
     assert syncs.by_origin == {"test_syncs": 6}
 
 
-def _count(tmp_path, **overrides):
-    trainer = PPOTrainer(small_config(tmp_path, total_iterations=2, **overrides))
+def _count(tmp_path, *settings):
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 2}, *settings))
     trainer.step()  # first iteration: one-time work
     with SyncCounter() as syncs:
         metrics = trainer.step()
@@ -31,14 +31,14 @@ def test_one_iteration_reads_back_once_per_minibatch_and_per_generated_token(tin
     # Before, every micro-batch's loss checked its mask's values (about 30 read-backs each);
     # now the rollout is checked once and the update reads back once per minibatch.
     syncs, metrics, cfg = _count(tmp_path)
-    minibatches = cfg.ppo_epochs * cfg.rollout_batch_size // cfg.minibatch_size
-    assert syncs.by_origin["ppo_lab"] <= minibatches + cfg.max_new_tokens + 6, syncs.by_origin
+    minibatches = cfg.batch.epochs * cfg.batch.rollout // cfg.batch.minibatch
+    assert syncs.by_origin["ppo_lab"] <= minibatches + cfg.sampling.max_new_tokens + 6, syncs.by_origin
 
 
 def test_micro_batches_add_no_read_backs(tiny_path, tmp_path):
     counts = {}
     for ga in (1, 4):
-        syncs, metrics, _ = _count(tmp_path / str(ga), gradient_accumulation_steps=ga, target_kl=None)
+        syncs, metrics, _ = _count(tmp_path / str(ga), {"batch.accumulation_steps": ga, "optim.early_stop_kl": None})
         counts[ga] = syncs.by_origin["ppo_lab"]
     assert counts[1] == counts[4]
 

@@ -22,7 +22,10 @@ def test_ppo_update_moves_the_weights_as_the_trainer_does(tmp_path, value_clip):
     """With the trainer's defaults minus gradient clipping and the target-KL early stop (what
     ppo_update leaves out), one update of the same rollout from the same weights, optimizer state
     and shuffles gives the same weights to round-off."""
-    cfg = small_config(tmp_path, max_grad_norm=None, target_kl=None, value_clip=value_clip, ppo_epochs=2, minibatch_size=8)
+    cfg = small_config(tmp_path, {
+            "optim.max_grad_norm": None, "optim.early_stop_kl": None, "critic.clip": value_clip,
+            "batch.epochs": 2, "batch.minibatch": 8,
+        })
     trainer = PPOTrainer(cfg)
     ro = trainer.rollout(trainer.next_prompts())
     _, advantages, returns = trainer.advantages(ro)
@@ -45,13 +48,13 @@ def test_ppo_update_moves_the_weights_as_the_trainer_does(tmp_path, value_clip):
 
     batch = {"scores": ro.scores, "old_logprobs": ro.old_logprobs, "ref_logprobs": ro.ref_logprobs, "old_values": ro.values, "mask": ro.mask}
     adv, ret, metrics = ppo_update(
-        forward, trainer.optimizer, batch, kl_coef=trainer.kl_ctl.value, gamma=cfg.gamma, lam=cfg.lam, clip_eps=cfg.clip_eps,
-        value_clip=cfg.value_clip, vf_coef=cfg.vf_coef, epochs=cfg.ppo_epochs, minibatch_size=cfg.minibatch_size,
-        generator=draws(cfg.seed, trainer.iteration, "shuffle"),
+        forward, trainer.optimizer, batch, kl_coef=trainer.kl_ctl.value, gamma=cfg.advantage.gamma, lam=cfg.advantage.lam, clip_eps=cfg.loss.clip_eps,
+        value_clip=cfg.critic.clip, vf_coef=cfg.critic.loss_coef, epochs=cfg.batch.epochs, minibatch_size=cfg.batch.minibatch,
+        generator=draws(cfg.run.seed, trainer.iteration, "shuffle"),
     )
     torch.testing.assert_close(adv, advantages)
     torch.testing.assert_close(ret, returns)
-    assert metrics["policy/steps"] == cfg.ppo_epochs * cfg.rollout_batch_size // cfg.minibatch_size
+    assert metrics["policy/steps"] == cfg.batch.epochs * cfg.batch.rollout // cfg.batch.minibatch
     for ours, theirs in zip(_weights(trainer), by_trainer):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
