@@ -39,7 +39,7 @@ def count(shape: str, iterations: int = 3) -> dict:
                 "run.iterations": iterations,
             })
         trainer = PPOTrainer(cfg)
-        trainer.step()  # the first iteration: warm-up, not counted
+        trainer.iterate()  # the first iteration: warm-up, not counted
         rows = []
         for _ in range(iterations - 1):
             with SyncCounter() as syncs:
@@ -53,7 +53,7 @@ def count(shape: str, iterations: int = 3) -> dict:
                         syncs.phase = "update and metrics"
 
                 trainer.rollout = rollout
-                metrics = trainer.step()
+                metrics = trainer.iterate()
                 trainer.rollout = sampler
             rows.append((syncs.total, dict(syncs.by_phase), dict(syncs.by_origin), dict(syncs.by_op), metrics["response/length_mean"], metrics["policy/steps"]))
     return {"shape": shape, "iterations": rows}

@@ -125,7 +125,7 @@ def worker(args) -> None:
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     steps: list[dict] = []
-    real_step = trainer.step
+    real_step = trainer.iterate
 
     def timed_step():
         sync()
@@ -141,7 +141,7 @@ def worker(args) -> None:
         steps.append(rec)
         return out
 
-    trainer.step = timed_step
+    trainer.iterate = timed_step
     t_train = time.perf_counter()
     history = trainer.train()
     shutil.rmtree(tmp, ignore_errors=True)

@@ -13,7 +13,7 @@ ppo_lab's own `load_policy` does (`--keep-dropout` leaves it on). Responses have
 (no stop token) when ppo_lab's config has `ignore_eos`; `--ignore-eos auto` (the default) turns
 it on whenever the field exists, and the JSON line says which way the run went.
 
-Per-update wall time is the interval between the ends of successive `PPOTrainer.step` calls
+Per-update wall time is the interval between the ends of successive `PPOTrainer.iterate` calls
 inside `train()` (the first one from its start), so it includes ppo_lab's per-iteration
 logging; the phases come from ppo_lab's own metrics `time/rollout` and `time/update`. Prints one
 JSON line on stdout.
@@ -139,7 +139,7 @@ def main(argv=None):
 
     ends: list[float] = []
     starts: list[float] = []
-    real_step = trainer.step
+    real_step = trainer.iterate
     memory = wl.GpuMemory()
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     profiled: dict = {}
@@ -178,7 +178,7 @@ def main(argv=None):
         memory.mark()
         return out
 
-    trainer.step = timed_step
+    trainer.iterate = timed_step
     memory.reset()
     t_train = time.perf_counter()
     history = trainer.train()
@@ -221,7 +221,7 @@ def main(argv=None):
         "train_wall_s": round(t_end - t_train, 3),
         "peak_rss_mb": round(wl.peak_rss_mb(), 1),
         "final_metrics": {k: last.get(k) for k in ("reward/score_mean", "objective/kl", "loss/policy", "loss/value",
-                                                   "reward/eos_fraction")},
+                                                   "reward/ended_frac")},
     }
     wl.emit(result)
 

@@ -13,7 +13,7 @@ parts of their parent row):
   update       per minibatch: policy forward, log-softmax / gather, critic forward, policy and
                value loss (with their metrics), backward, gradient clipping, optimizer step,
                scheduler step, zero_grad; then the metric reduction (torch.stack + .item())
-  step tail    the per-iteration metrics of `step()` (KL, .item() calls)
+  step tail    the per-iteration metrics of `iterate()` (KL, .item() calls)
 
 The floor (floor.py's loop) is timed piece by piece in the same categories. Optionally
 (`--cprofile`, `--torch-profile`) one more iteration of each runs under cProfile (Python
@@ -223,7 +223,7 @@ def instrument_ppo_lab(trainer, timers: Timers):
         stack = staticmethod(T("update/metric reduction: torch.stack (x keys)", real_stack))
 
     trainer_mod.torch = TorchProxy()
-    trainer.step = T("step (whole iteration)", trainer.step)
+    trainer.iterate = T("step (whole iteration)", trainer.iterate)
 
 
 def op_counts(key_averages) -> dict:
@@ -249,7 +249,7 @@ def setup_ppo_lab(args, critic, tmp):
     instrument_ppo_lab(trainer, timers)
 
     def step():
-        metrics = trainer.step()
+        metrics = trainer.iterate()
         timers.close()
         return metrics
 
@@ -265,7 +265,7 @@ def profile_ppo_lab_extras(args, trainer, timers, metrics, ignore_eos):
     if args.cprofile:
         prof = cProfile.Profile()
         prof.enable()
-        trainer.step()
+        trainer.iterate()
         prof.disable()
         s = io.StringIO()
         st = pstats.Stats(prof, stream=s)
@@ -276,7 +276,7 @@ def profile_ppo_lab_extras(args, trainer, timers, metrics, ignore_eos):
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as tp:
-            trainer.step()
+            trainer.iterate()
         ka = tp.key_averages()
         extras["torch_profile"] = ka.table(sort_by="self_cpu_time_total", row_limit=30)
         out["aten_ops_per_iteration"] = sum(e.count for e in ka if e.key.startswith("aten::"))

@@ -299,10 +299,10 @@ def build_optimizer(cfg: PPOConfig, policy, critic):
 
 def build_kl_controllers(cfg: PPOConfig):
     """The reference-KL coefficient's controller, and PPO-penalty's (KL to the *old* policy;
-    None unless policy_loss = "kl_penalty")."""
+    None unless loss.policy = "ppo_penalty")."""
     if cfg.kl.control == "adaptive":
         kl_ctl = AdaptiveKLController(cfg.kl.coef, cfg.kl.target, cfg.kl.horizon)
     else:
         kl_ctl = FixedKLController(cfg.kl.coef)
-    penalty_ctl = PPOPenaltyKLController(cfg.loss.penalty_beta, cfg.loss.penalty_target) if cfg.loss.policy == "kl_penalty" else None
+    penalty_ctl = PPOPenaltyKLController(cfg.loss.penalty_beta, cfg.loss.penalty_target) if cfg.loss.policy == "ppo_penalty" else None
     return kl_ctl, penalty_ctl

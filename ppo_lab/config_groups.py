@@ -140,11 +140,11 @@ class Optim(Group):
 class Loss(Group):
     """The policy loss and its terms (chapters 6 and 10; `losses`)."""
 
-    policy: str = _f("clip", "Policy loss from the registry (ppo_lab.losses): clip, the clipped surrogate; kl_penalty, the adaptive KL penalty to the old policy (PPO-penalty); gspo, clipping each response's geometric-mean ratio; cispo, a clipped stop-gradient importance weight on REINFORCE; or one registered by you.")
+    policy: str = _f("clip", "Policy loss from the registry (ppo_lab.losses): clip, the clipped surrogate; ppo_penalty, the adaptive KL penalty to the old policy (PPO-penalty); gspo, clipping each response's geometric-mean ratio; cispo, a clipped stop-gradient importance weight on REINFORCE; or one registered by you.")
     clip_eps: float = _f(0.2, "Policy ratio clip range epsilon.", low=0.0, low_open=True)
     clip_eps_high: float | None = _f(None, "Upper ratio clip range (None = clip_eps).", low=0.0, low_open=True)
     dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages (None = off).", low=1.0, low_open=True)
-    penalty_beta: float = _f(1.0, "Initial beta of PPO-penalty (policy = kl_penalty).", low=0.0)
+    penalty_beta: float = _f(1.0, "Initial beta of PPO-penalty (policy = ppo_penalty).", low=0.0)
     penalty_target: float = _f(0.01, "Target KL(old || new) per token of PPO-penalty; beta doubles above 1.5x, halves below 1/1.5x.", low=0.0, low_open=True)
     entropy_coef: float = _f(0.0, "Weight of the entropy bonus.", low=0.0)
     aggregation: str = _f("token-mean", "How per-token losses are aggregated.", AGGREGATION_MODES)
@@ -152,6 +152,8 @@ class Loss(Group):
     def check(self):
         from .losses import POLICY_LOSSES
 
+        if self.policy == "kl_penalty":  # its name before: ppo_lab.kl_penalty is the KL estimate to the reference
+            raise ValueError("loss.policy = 'kl_penalty' is now 'ppo_penalty' (PPO-penalty's loss)")
         if self.policy not in POLICY_LOSSES:
             raise ValueError(f"loss.policy = {self.policy!r} is not allowed; valid values are: {', '.join(map(repr, sorted(POLICY_LOSSES)))}")
 

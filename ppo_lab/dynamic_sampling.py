@@ -11,7 +11,7 @@ useful responses; the price is more sampling per update.
 `informative_groups` is the filter; `DynamicSampling.collect` draws rollouts until enough groups
 pass it, and `OneRollout.collect` is the plain PPO rollout the trainer calls in its place. verl's recipe stops the run with an error after `max_num_gen_batches` rollouts; here
 the batch is then filled with the dropped groups instead (their advantages are 0 under a group
-estimator), and `sampling/informative_frac` shows how often that happens.
+estimator), and `dynamic_sampling/informative_frac` shows how often that happens.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def informative_groups(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.T
 
 
 class OneRollout:
-    """The usual collection: one rollout of the next prompts, and no sampling/* metrics."""
+    """The usual collection: one rollout of the next prompts, and no dynamic_sampling/* metrics."""
 
     def collect(self, rollout, next_prompts, pad_id: int) -> tuple[Rollout, dict[str, float]]:
         """`rollout(prompts, attempt)` of `next_prompts()`; `pad_id` is unused."""
@@ -65,7 +65,7 @@ class DynamicSampling:
         self.group_size, self.groups, self.max_rounds = group_size, groups, max_rounds
 
     def collect(self, rollout, next_prompts, pad_id: int) -> tuple[Rollout, dict[str, float]]:
-        """The batch, and its sampling/* metrics. `rollout(prompts, attempt)` samples and scores
+        """The batch, and its dynamic_sampling/* metrics. `rollout(prompts, attempt)` samples and scores
         (attempt > 0 draws other tokens), `next_prompts()` gives the next prompts, `pad_id` pads."""
         k, needed = self.group_size, self.groups
         kept: list[Rollout] = []  # each round's informative groups that the batch can still use
@@ -97,8 +97,8 @@ class DynamicSampling:
             parts.append((part, torch.arange(take * k, device=part.mask.device)))
             fill -= take
         return cat_rollouts(parts, pad_id), {
-            "sampling/responses": float(drawn * k), "sampling/rounds": float(attempt + 1), "sampling/informative_frac": informative / drawn,
-            "sampling/score_mean": score_sum / (drawn * k),
+            "dynamic_sampling/responses": float(drawn * k), "dynamic_sampling/rounds": float(attempt + 1), "dynamic_sampling/informative_frac": informative / drawn,
+            "dynamic_sampling/score_mean": score_sum / (drawn * k),
         }
 
 

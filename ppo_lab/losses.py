@@ -40,8 +40,8 @@ def clip_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps, clip_eps_hi
     return clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high, dual_clip, loss_agg, norm_length)
 
 
-@register_policy_loss("kl_penalty")
-def kl_penalty_loss(logprobs, old_logprobs, advantages, mask, *, penalty_beta, loss_agg="token-mean", norm_length=None, **_):
+@register_policy_loss("ppo_penalty")
+def ppo_penalty_loss(logprobs, old_logprobs, advantages, mask, *, penalty_beta, loss_agg="token-mean", norm_length=None, **_):
     """PPO-penalty: the surrogate minus an adaptive KL to the old policy (chapter 6)."""
     return kl_penalized_policy_loss(logprobs, old_logprobs, advantages, mask, penalty_beta, loss_agg, norm_length)
 

@@ -313,11 +313,11 @@ def measure_iteration(trainer) -> tuple[int, int, object]:
     """Peak tensor bytes of one PPO iteration of `trainer`, measured with `TensorMemory`:
     (rollout peak, update peak, the rollout). Everything the trainer holds counts (its models'
     weights and gradients, the optimizer's state), so the figures compare with
-    `estimate_memory`; call it after a first `trainer.step()`, once AdamW's moments exist. The
-    iteration is a real one: the weights are updated, as by `step()` without its metrics."""
+    `estimate_memory`; call it after a first `trainer.iterate()`, once AdamW's moments exist. The
+    iteration is a real one: the weights are updated, as by `iterate()` without its metrics."""
     with TensorMemory() as mem:
         mem.hold(trainer.policy, trainer.reference, trainer.critic, trainer.optimizer)
-        rollout, _ = trainer.collect()  # (dynamic sampling included, as in `step()`)
+        rollout, _ = trainer.collect()  # (dynamic sampling included, as in `iterate()`)
         rollout_peak = mem.peak
         mem.peak = mem.current
         _, advantages, returns = trainer.advantages(rollout)

@@ -72,7 +72,7 @@ def rollout_metrics(
     return {
         "reward/score_mean": scores.mean(),
         "reward/score_std": scores.std() if len(scores) > 1 else torch.zeros((), device=scores.device),
-        "reward/eos_fraction": ended.float().mean(),
+        "reward/ended_frac": ended.float().mean(),
         "objective/kl": kl_seq.mean(),
         "objective/entropy": masked_mean(entropy, mask),
         "objective/non_score_reward": penalty_seq.mean(),
@@ -149,8 +149,8 @@ ENTROPY_FLOOR = 1e-3
 def collapse_problem(stats: dict[str, float]) -> str | None:
     """What says that an iteration's rollout came from a collapsed policy, or None; `stats` are
     its `rollout_metrics`, read back to floats."""
-    if stats["response/length_mean"] <= 1 and stats["reward/eos_fraction"] == 1:
-        return "every response is a lone stop token (response/length_mean = 1, reward/eos_fraction = 1)"
+    if stats["response/length_mean"] <= 1 and stats["reward/ended_frac"] == 1:
+        return "every response is a lone stop token (response/length_mean = 1, reward/ended_frac = 1)"
     if stats["objective/entropy"] < ENTROPY_FLOOR:
         return (f"objective/entropy = {stats['objective/entropy']:.2g} nats per token, below {ENTROPY_FLOOR:g}: "
                 "the policy samples nearly every token with probability 1")

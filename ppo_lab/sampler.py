@@ -26,14 +26,14 @@ from .models import PolicyWithValueHead
 from .rollout_correction import correction_weights, gap_metrics
 
 
-def old_logprobs_source(old_logprobs: str, precision: str, sampler_differs: bool, correction: str) -> str:
-    """Where the rollout's old log-probs come from, "sampling" or "forward" (`old_logprobs` with
-    "auto" resolved). The sampling logits save a forward; in half precision the cached and the
+def old_logprobs_source(old_logprobs_from: str, precision: str, sampler_differs: bool, correction: str) -> str:
+    """Where the rollout's old log-probs come from, "sampling" or "forward" (`old_logprobs_from`
+    with "auto" resolved). The sampling logits save a forward; in half precision the cached and the
     full forward disagree by ~1e-2 nats, so auto recomputes them there, and so it does when the
     sampler is not the trainer or a correction needs the trainer's own log-probs (the
     decoupled form)."""
-    if old_logprobs != "auto":
-        return old_logprobs
+    if old_logprobs_from != "auto":
+        return old_logprobs_from
     same = precision == "fp32" and not sampler_differs and correction == "none"
     return "sampling" if same else "forward"
 
@@ -46,18 +46,18 @@ class Sampler:
         seed: the run's seed (the noise of iteration i is drawn from (seed, i)).
         noise: each weight of the sampler's copy is the policy's times 1 + noise x N(0, 1).
         precision: "same" (the trainer's) or "bf16" (sampling under bfloat16 autocast).
-        old_logprobs: "auto", "sampling" or "forward" (see `old_logprobs_source`).
+        old_logprobs_from: "auto", "sampling" or "forward" (see `old_logprobs_source`).
         trainer_precision: the trainer's precision (fp32, bf16, fp16).
         correction, level, low, high: `rollout_correction.correction_weights`'s kind, level and
             bounds ("none": no weights).
     """
 
-    def __init__(self, lm, *, seed: int, noise: float = 0.0, precision: str = "same", old_logprobs: str = "auto",
+    def __init__(self, lm, *, seed: int, noise: float = 0.0, precision: str = "same", old_logprobs_from: str = "auto",
                  trainer_precision: str = "fp32", correction: str = "none", level: str = "token", low: float = 0.0, high: float = 2.0):
         self.seed, self.noise, self.precision = seed, noise, precision
         self.correction, self.level, self.low, self.high = correction, level, low, high
         self.differs = noise > 0 or precision != "same"
-        self.old_logprobs_from = old_logprobs_source(old_logprobs, trainer_precision, self.differs, correction)
+        self.old_logprobs_from = old_logprobs_source(old_logprobs_from, trainer_precision, self.differs, correction)
         # the sampler's own copy of the weights, perturbed at every rollout (a stand-in for an inference engine)
         self.copy = copy.deepcopy(lm).requires_grad_(False) if noise > 0 else None
 
@@ -65,7 +65,7 @@ class Sampler:
     def from_config(cls, config, lm) -> Sampler:
         """The sampler of a `PPOConfig`'s fields."""
         return cls(
-            lm, seed=config.run.seed, noise=config.sampler.noise, precision=config.sampler.precision, old_logprobs=config.sampler.old_logprobs_from,
+            lm, seed=config.run.seed, noise=config.sampler.noise, precision=config.sampler.precision, old_logprobs_from=config.sampler.old_logprobs_from,
             trainer_precision=config.memory.precision, correction=config.sampler.correction, level=config.sampler.correction_level,
             low=config.sampler.correction_low, high=config.sampler.correction_high,
         )

@@ -95,7 +95,7 @@ class Sample:
     response_ids: torch.Tensor  # pad after the stop token
     mask: torch.Tensor  # 1 on real response tokens, stop token included
     ended: torch.Tensor  # (B,) bool: the response ended with a stop token (it did not run out of tokens)
-    old_logprobs: torch.Tensor | None = None  # log pi(token) at the temperature, from the sampling logits
+    sampler_logprobs: torch.Tensor | None = None  # log pi(token) at the temperature, from the sampling logits
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None  # from `value_head` on the hidden state that chose each token
 

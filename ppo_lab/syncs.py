@@ -13,7 +13,7 @@ device (`.to(device)`, `torch.tensor(..., device=...)`) and syncs inside single 
 counted.
 
     with SyncCounter() as syncs:
-        trainer.step()
+        trainer.iterate()
     print(syncs.total, syncs.by_op.most_common(5))
 """
 

@@ -190,14 +190,14 @@ class PPOTrainer:
                 )
             old_logprobs, ref_logprobs, values, entropy = score_tokens(
                 self.policy, self.reference, self.critic, drawn.query_ids, drawn.query_mask, drawn.response_ids, drawn.mask, self.score_temperature,
-                old_logprobs=drawn.old_logprobs if from_sampling else None, entropy=drawn.entropy if from_sampling else None,
+                old_logprobs=drawn.sampler_logprobs if from_sampling else None, entropy=drawn.entropy if from_sampling else None,
                 values=drawn.values, batch_size=self.config.batch.forward, chunk_size=self.config.memory.logprob_chunk,
             )
         responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
         parts = dict(
             responses=responses, query_ids=drawn.query_ids, query_mask=drawn.query_mask, response_ids=drawn.response_ids, mask=drawn.mask,
             old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values, entropy=entropy, ended=drawn.ended,
-            scores=self.score(mine, responses, drawn).to(self.device), sampler_logprobs=drawn.old_logprobs,
+            scores=self.score(mine, responses, drawn).to(self.device), sampler_logprobs=drawn.sampler_logprobs,
         )
         parts = dist.gather_rollout(self.accelerator, parts, self.tokenizer.pad_token_id)
         ro = Rollout(prompts=repeated, group_ids=torch.arange(len(prompts), device=self.device).repeat_interleave(k), **parts)
@@ -205,7 +205,7 @@ class PPOTrainer:
         return ro
 
     def collect(self) -> tuple[Rollout, dict[str, float]]:
-        """This iteration's batch and its sampling/* metrics: the rollout of the next prompts, or
+        """This iteration's batch and its dynamic_sampling/* metrics: the rollout of the next prompts, or
         DAPO's dynamic sampling of several (`dynamic_sampling`, chapter 10)."""
         return self.collector.collect(self.rollout, self.next_prompts, self.tokenizer.pad_token_id)
 
@@ -273,7 +273,7 @@ class PPOTrainer:
         return dist.mean_over_processes(self.accelerator, value.to(self.device))  # (itself on one process)
 
     # --- 5. one iteration: phases 1-4, then its log ------------------------------------------
-    def step(self) -> dict[str, float]:
+    def iterate(self) -> dict[str, float]:
         """One PPO iteration; returns its metrics (fixed names, see the README).
 
         Non-finite rewards, log-probs or values skip the whole update; non-finite gradients skip
@@ -357,7 +357,7 @@ class PPOTrainer:
         bar = tqdm(range(total), desc="ppo", disable=not cfg.run.progress_bar or not self.accelerator.is_main_process, dynamic_ncols=True)
         for _ in bar:
             try:
-                metrics = self.step()
+                metrics = self.iterate()
             except NonFiniteError as err:
                 if getattr(err, "metrics", None) is not None:
                     self._log(err.metrics)

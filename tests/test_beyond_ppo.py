@@ -305,7 +305,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(tiny_path, tmp
         })
     trainer = PPOTrainer(cfg, reward_fn=_scripted_reward([1, 1, 0, 1]))
     ro, metrics = trainer.collect()
-    assert len(ro) == 8 and metrics == {"sampling/responses": 16.0, "sampling/rounds": 2.0, "sampling/informative_frac": 0.5, "sampling/score_mean": 0.75}
+    assert len(ro) == 8 and metrics == {"dynamic_sampling/responses": 16.0, "dynamic_sampling/rounds": 2.0, "dynamic_sampling/informative_frac": 0.5, "dynamic_sampling/score_mean": 0.75}
     assert ro.scores.view(-1, 2).tolist() == [[0.0, 1.0]] * 4  # every group informative
     assert ro.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     # the rows are the rollouts' own: the prompts match their tokens, and the log-probs the tokens
@@ -330,8 +330,8 @@ def test_dynamic_sampling_fills_a_short_batch_with_dropped_groups(tiny_path, tmp
         })
     trainer = PPOTrainer(cfg, reward_fn=_scripted_reward([1, 1, 1, 1, 1, 1, 0, 1]))  # one group in four
     ro, metrics = trainer.collect()
-    assert len(ro) == 8 and metrics["sampling/rounds"] == 2.0 and metrics["sampling/informative_frac"] == 0.25
-    assert metrics["sampling/score_mean"] == 0.875  # over all 16 drawn responses, not the batch's 0.75
+    assert len(ro) == 8 and metrics["dynamic_sampling/rounds"] == 2.0 and metrics["dynamic_sampling/informative_frac"] == 0.25
+    assert metrics["dynamic_sampling/score_mean"] == 0.875  # over all 16 drawn responses, not the batch's 0.75
     assert ro.scores.view(-1, 2).tolist() == [[0.0, 1.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0]]
     history = trainer.train(1)
     assert history[0]["policy/steps"] >= 1

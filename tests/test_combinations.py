@@ -22,7 +22,7 @@ SWITCHES = {
     "critic.design": ["separate", "shared", "none"],
     "advantage.estimator": ["gae", "reinforce", "rloo", "grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline"],
     "memory.precision": ["fp32", "bf16"], "memory.gradient_checkpointing": [False, True],
-    "memory.compile": [False, True], "lora.r": [0, 4], "loss.policy": ["clip", "kl_penalty", "gspo", "cispo"],
+    "memory.compile": [False, True], "lora.r": [0, 4], "loss.policy": ["clip", "ppo_penalty", "gspo", "cispo"],
     "kl.placement": ["reward", "loss"], "kl.estimator": ["k1", "k3"], "kl.control": ["fixed", "adaptive"],
     "sampler.old_logprobs_from": ["auto", "sampling", "forward"], "batch.accumulation_steps": [1, 2],
     "loss.aggregation": ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],

@@ -104,6 +104,7 @@ def test_the_three_ways_to_write_a_config_are_one_config():
         ({"optim.lrr": 1e-4}, r"unknown optim field\(s\): 'lrr' \(did you mean 'lr'\?\)"),
         ({"lr": 1e-4}, r"unknown PPOConfig setting 'lr' \(did you mean 'critic.lr' or 'optim.lr'\?\)"),
         ({"optim": 1e-4}, r"PPOConfig.optim is a group: give a dict of its fields or a Optim"),
+        ({"loss.policy": "kl_penalty"}, r"loss.policy = 'kl_penalty' is now 'ppo_penalty'"),
     ],
 )
 def test_an_old_or_unknown_name_says_where_it_went(given, message, tmp_path):

@@ -35,17 +35,17 @@ def test_fp16_overflow_on_cuda_lowers_the_scale_and_training_goes_on(tiny_path, 
     trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "memory.precision": "fp16", "optim.early_stop_kl": None}))
     scale = trainer.accelerator.scaler.get_scale()
     overflow_first_backward(trainer)
-    metrics = trainer.step()
+    metrics = trainer.iterate()
     assert metrics["train/overflow_steps"] >= 1.0 and trainer.health.bad_updates == 0
     assert trainer.accelerator.scaler.get_scale() < scale
 
 
 def test_peak_memory_is_per_iteration_on_cuda(tiny_path, tmp_path):
     trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 2}))
-    first = trainer.step()["perf/peak_memory_mb"]
+    first = trainer.iterate()["perf/peak_memory_mb"]
     big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 256 MB, freed at once
     del big
     assert torch.cuda.max_memory_allocated() / 2**20 >= 256
     max_peak_memory_mb(trainer.accelerator)  # reads this peak
-    second = trainer.step()["perf/peak_memory_mb"]
+    second = trainer.iterate()["perf/peak_memory_mb"]
     assert second < first + 256  # the 256 MB spike belonged to no iteration

@@ -96,7 +96,7 @@ def test_sequence_logprobs_sum_the_token_logprobs(tiny_path):
     tok, lm = load_tokenizer("builtin:tiny"), load_policy("builtin:tiny")
     s = generate(lm, tok, ["the movie was", "it is"], Sampling(max_new_tokens=8, temperature=0.8, stop_ids=(tok.eos_token_id,)), with_logprobs=True)
     got = sequence_logprobs(lm, s.query_ids, s.query_mask, s.response_ids, s.mask, temperature=0.8)
-    assert torch.allclose(got, (s.old_logprobs * s.mask).sum(1), atol=1e-5)
+    assert torch.allclose(got, (s.sampler_logprobs * s.mask).sum(1), atol=1e-5)
 
 
 def test_sampled_pairs_and_dpo_on_the_tiny_policy(tiny_path):

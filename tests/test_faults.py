@@ -217,7 +217,7 @@ def test_nan_gradients_skip_the_optimizer_step(tiny_path, tmp_path):
     lm_head = trainer.lm.get_output_embeddings()
     hook = lm_head.register_forward_hook(lambda module, args, out: out * math.nan if torch.is_grad_enabled() else out)
     with pytest.warns(RuntimeWarning, match=r"non-finite gradients \(policy/grad_norm: nan; non-finite: .*loss/policy"):
-        metrics = trainer.step()
+        metrics = trainer.iterate()
     hook.remove()
     assert metrics["train/skipped_updates"] == 1.0 and trainer.health.bad_updates == 1
     after = trainer.accelerator.unwrap_model(trainer.policy).state_dict()

@@ -75,14 +75,14 @@ def test_choices_are_ppo_labs_own_unless_named(gen):
         Choices.parse("score-past-first")
 
 
-@pytest.mark.parametrize("old_logprobs", ["auto", "sampling", "forward"])
+@pytest.mark.parametrize("old_logprobs_from", ["auto", "sampling", "forward"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("differs", [False, True])
 @pytest.mark.parametrize("correction", ["none", "tis"])
-def test_auto_takes_pi_old_from_sampling_only_when_the_sampler_is_the_fp32_trainer(old_logprobs, precision, differs, correction):
-    source = old_logprobs_source(old_logprobs, precision, differs, correction)
-    if old_logprobs != "auto":
-        assert source == old_logprobs
+def test_auto_takes_pi_old_from_sampling_only_when_the_sampler_is_the_fp32_trainer(old_logprobs_from, precision, differs, correction):
+    source = old_logprobs_source(old_logprobs_from, precision, differs, correction)
+    if old_logprobs_from != "auto":
+        assert source == old_logprobs_from
     else:
         assert source == ("sampling" if precision == "fp32" and not differs and correction == "none" else "forward")
 
@@ -121,7 +121,7 @@ def test_one_rollout_and_dynamic_sampling_collect_through_the_same_call(gen):
     assert len(ro) == 4 and metrics == {} and calls == [(["a", "b"], 0)]
     ro, metrics = DynamicSampling(group_size=2, groups=2, max_rounds=3).collect(rollout, lambda: next(prompts), 9)
     assert len(ro) == 4 and [c[1] for c in calls[1:]] == [0, 1]  # the first round had one informative group of two
-    assert metrics["sampling/rounds"] == 2.0 and metrics["sampling/informative_frac"] == 0.5
+    assert metrics["dynamic_sampling/rounds"] == 2.0 and metrics["dynamic_sampling/informative_frac"] == 0.5
 
 
 def test_a_gold_reward_is_measured_only_when_there_is_one():

@@ -11,10 +11,10 @@ from ppo_lab.sampling import Sampling
 
 
 def test_the_registry_holds_the_policy_losses_and_names_the_valid_ones():
-    assert {"clip", "kl_penalty", "gspo", "cispo"} <= set(POLICY_LOSSES)
-    with pytest.raises(ValueError, match=r"unknown policy loss 'clipp'; valid values are: 'cispo', 'clip', 'gspo', 'kl_penalty'"):
+    assert {"clip", "ppo_penalty", "gspo", "cispo"} <= set(POLICY_LOSSES)
+    with pytest.raises(ValueError, match=r"unknown policy loss 'clipp'; valid values are: 'cispo', 'clip', 'gspo', 'ppo_penalty'"):
         get_policy_loss("clipp")
-    with pytest.raises(ValueError, match=r"loss.policy = 'clipp' is not allowed; valid values are: 'cispo', 'clip', 'gspo', 'kl_penalty'"):
+    with pytest.raises(ValueError, match=r"loss.policy = 'clipp' is not allowed; valid values are: 'cispo', 'clip', 'gspo', 'ppo_penalty'"):
         ppo_lab.PPOConfig(**{"loss.policy": "clipp"})
     with pytest.raises(ValueError, match=r"already registered"):
         register_policy_loss("clip")(lambda *a, **k: None)
@@ -30,7 +30,7 @@ def test_every_policy_loss_takes_the_same_arguments():
         assert loss.dim() == 0 and "policy/approx_kl" in metrics, name
     clip, _ = get_policy_loss("clip")(lp, old, adv, mask, **settings)
     torch.testing.assert_close(clip, ppo_lab.clipped_policy_loss(lp, old, adv, mask, 0.2)[0])
-    penalty, _ = get_policy_loss("kl_penalty")(lp, old, adv, mask, **settings)
+    penalty, _ = get_policy_loss("ppo_penalty")(lp, old, adv, mask, **settings)
     torch.testing.assert_close(penalty, ppo_lab.kl_penalized_policy_loss(lp, old, adv, mask, 0.5)[0])
 
 

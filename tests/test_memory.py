@@ -92,7 +92,7 @@ def test_the_estimate_is_within_25_percent_of_the_measured_peak(tiny_path, tmp_p
     }
     values.update(overrides)
     trainer = PPOTrainer(small_config(tmp_path, values))
-    trainer.step()  # AdamW's moments exist from the first step on
+    trainer.iterate()  # AdamW's moments exist from the first step on
     rollout_peak, update_peak, ro = measure_iteration(trainer)
     est = estimate_memory(trainer.config, ModelShape.of(trainer.lm), prompt_len=ro.query_ids.shape[1], response_len=ro.response_ids.shape[1])
     assert sum(est.rollout.values()) == pytest.approx(rollout_peak, rel=0.25)

@@ -460,10 +460,10 @@ def test_per_model_clipping_unscales_fp16_gradients_once(tiny_path, tmp_path):
     unscaled once before both norms: the norms equal those of the same step without a scaler."""
     from test_scale import _emulate_fp16_loss_scaling
 
-    plain = PPOTrainer(small_config(tmp_path / "plain", {"optim.clip_scope": "per-model", "optim.early_stop_kl": None})).step()
+    plain = PPOTrainer(small_config(tmp_path / "plain", {"optim.clip_scope": "per-model", "optim.early_stop_kl": None})).iterate()
     trainer = PPOTrainer(small_config(tmp_path / "scaled", {"optim.clip_scope": "per-model", "optim.early_stop_kl": None}))
     _emulate_fp16_loss_scaling(trainer, torch.amp.GradScaler("cpu", init_scale=2.0**8))
-    scaled = trainer.step()
+    scaled = trainer.iterate()
     assert scaled["train/overflow_steps"] == 0.0 and scaled["policy/steps"] == plain["policy/steps"]
     for key in ("policy/grad_norm", "critic/grad_norm"):
         assert scaled[key] == pytest.approx(plain[key], rel=1e-4), key

@@ -463,20 +463,20 @@ def test_a_finite_but_enormous_reward_is_named_not_reported_as_non_finite_gradie
 def test_collapse_signatures_are_named_and_healthy_metrics_are_not():
     from ppo_lab.metrics import ENTROPY_FLOOR, collapse_problem
 
-    healthy = {"response/length_mean": 7.5, "reward/eos_fraction": 0.4, "objective/entropy": 0.9}
+    healthy = {"response/length_mean": 7.5, "reward/ended_frac": 0.4, "objective/entropy": 0.9}
     assert collapse_problem(healthy) is None
     assert collapse_problem({**healthy, "objective/entropy": 3 * ENTROPY_FLOOR}) is None  # low, not collapsed
     # one response longer than its stop token, or one that did not stop: not every response is a lone stop token
-    assert collapse_problem({**healthy, "response/length_mean": 1.0625, "reward/eos_fraction": 1.0}) is None
-    assert collapse_problem({**healthy, "response/length_mean": 1.0, "reward/eos_fraction": 0.9375}) is None
-    assert "every response is a lone stop token" in collapse_problem({**healthy, "response/length_mean": 1.0, "reward/eos_fraction": 1.0})
+    assert collapse_problem({**healthy, "response/length_mean": 1.0625, "reward/ended_frac": 1.0}) is None
+    assert collapse_problem({**healthy, "response/length_mean": 1.0, "reward/ended_frac": 0.9375}) is None
+    assert "every response is a lone stop token" in collapse_problem({**healthy, "response/length_mean": 1.0, "reward/ended_frac": 1.0})
     assert "objective/entropy = 0 nats per token, below 0.001" in collapse_problem({**healthy, "objective/entropy": 0.0})
 
 
 def test_a_collapse_warns_once_when_it_begins_and_again_at_every_save_until_it_ends():
     from ppo_lab.metrics import CollapseWatch
 
-    healthy = {"response/length_mean": 7.5, "reward/eos_fraction": 0.4, "objective/entropy": 0.9, "objective/kl": 0.1}
+    healthy = {"response/length_mean": 7.5, "reward/ended_frac": 0.4, "objective/entropy": 0.9, "objective/kl": 0.1}
     dead = {**healthy, "objective/entropy": 0.0, "objective/kl": 41.0}
     watch, asked = CollapseWatch(), []
     newest = lambda: asked.append(1) or "run/checkpoints/checkpoint-000002"
@@ -517,7 +517,7 @@ def test_a_learning_rate_that_collapses_the_policy_is_named_and_its_saves_say_so
     onsets = [n for n in notes if "the policy has collapsed" in n]
     assert len(onsets) == 1 and onsets[0].startswith(f"iteration {start}: the policy has collapsed"), notes
     last = trainer.history[-1]
-    assert last["objective/entropy"] < 1e-3 or (last["response/length_mean"] <= 1 and last["reward/eos_fraction"] == 1)
+    assert last["objective/entropy"] < 1e-3 or (last["response/length_mean"] <= 1 and last["reward/ended_frac"] == 1)
     before = tmp_path / "run" / "checkpoints" / f"checkpoint-{start - 1:06d}"
     assert f"the newest checkpoint from before the collapse is '{before}'" in onsets[0]
     saves = [n for n in notes if "holds a collapsed policy" in n]

@@ -123,7 +123,7 @@ def test_with_a_gap_the_first_ratio_is_one_in_the_decoupled_form_for_any_micro_b
     trainer = PPOTrainer(small_config(tmp_path, {"sampler.noise": 0.2, "batch.accumulation_steps": accumulation, "sampler.correction": "tis"}))
     first = trainer.first_step_metrics()
     assert first["policy/ratio_min"] == pytest.approx(1.0, abs=1e-5) and first["policy/ratio_max"] == pytest.approx(1.0, abs=1e-5)
-    metrics = trainer.step()
+    metrics = trainer.iterate()
     assert metrics["sampler/kl"] > 1e-3 and metrics["sampler/ess"] < 1
 
 
@@ -131,7 +131,7 @@ def test_in_the_bypass_form_the_gap_enters_the_ratio(tiny_path, tmp_path):
     trainer = PPOTrainer(small_config(tmp_path, {"sampler.noise": 0.2, "sampler.old_logprobs_from": "sampling"}))
     first = trainer.first_step_metrics()
     assert first["policy/ratio_max"] > 1.01 and first["policy/ratio_min"] < 0.99
-    assert "sampler/kl" not in trainer.step()  # no trainer forward: nothing to compare with
+    assert "sampler/kl" not in trainer.iterate()  # no trainer forward: nothing to compare with
 
 
 def test_the_weights_reach_the_loss(tiny_path, tmp_path):

@@ -197,7 +197,7 @@ def test_under_bf16_every_role_runs_in_one_precision_so_the_first_kl_is_zero(tin
     ro = trainer.rollout(trainer.next_prompts())
     assert ro.old_logprobs.dtype == torch.float32
     torch.testing.assert_close(ro.old_logprobs, ro.ref_logprobs, rtol=0, atol=0)
-    metrics = trainer.step()
+    metrics = trainer.iterate()
     assert metrics["objective/kl"] == 0.0
 
 
@@ -228,7 +228,7 @@ def test_fp16_overflow_lowers_the_loss_scale_and_training_goes_on(tiny_path, tmp
     overflow_first_backward(trainer)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # an overflow is not a failed update
-        metrics = trainer.step()
+        metrics = trainer.iterate()
     assert metrics["train/overflow_steps"] == 1.0
     assert metrics["policy/steps"] == 2 * (16 // 8) - 1  # every other minibatch stepped
     assert metrics["train/skipped_updates"] == 0.0 and trainer.health.bad_updates == 0
@@ -241,7 +241,7 @@ def test_fp16_loss_scaling_with_an_early_stop(tiny_path, tmp_path):
     trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 2, "optim.early_stop_kl": 1e-9, "optim.lr": 1e-2}))
     _emulate_fp16_loss_scaling(trainer, torch.amp.GradScaler("cpu", init_scale=2.0**10))
     for _ in range(2):
-        metrics = trainer.step()
+        metrics = trainer.iterate()
         assert metrics["policy/steps"] == 1.0  # stopped after the first (on-policy) step
 
 
@@ -276,10 +276,10 @@ def test_the_trainer_refuses_fsdp_at_start_up(tiny_path, tmp_path, monkeypatch):
 
 def test_fp16_iteration_where_every_step_overflows_is_not_an_error(tiny_path, tmp_path):
     # No step taken means no approx KL for PPO-penalty's controller: it keeps its beta.
-    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "loss.policy": "kl_penalty", "optim.early_stop_kl": None}))
+    trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "loss.policy": "ppo_penalty", "optim.early_stop_kl": None}))
     _emulate_fp16_loss_scaling(trainer, torch.amp.GradScaler("cpu", init_scale=2.0**10))
     beta = trainer.penalty_ctl.value
     next(p for p in trainer.lm.parameters() if p.requires_grad).register_hook(lambda g: torch.full_like(g, float("inf")))
-    metrics = trainer.step()
+    metrics = trainer.iterate()
     assert metrics["policy/steps"] == 0.0 and metrics["train/overflow_steps"] == 2 * (16 // 8)
     assert trainer.penalty_ctl.value == beta and trainer.health.bad_updates == 0

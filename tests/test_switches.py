@@ -30,7 +30,7 @@ def _grad_norms_at_step(trainer):
 def test_gradient_clipping_bounds_the_applied_gradient(tiny_path, tmp_path, max_grad_norm):
     trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 1, "optim.max_grad_norm": max_grad_norm, "optim.early_stop_kl": None}))
     applied = _grad_norms_at_step(trainer)
-    metrics = trainer.step()
+    metrics = trainer.iterate()
     assert len(applied) == metrics["policy/steps"] == 4
     if max_grad_norm is None:
         assert min(applied) > 0.01  # the unclipped gradients are larger than the bound below ...
@@ -98,7 +98,7 @@ def test_the_readme_metric_table_lists_exactly_the_emitted_keys(tiny_path, tmp_p
         },
         {"critic.design": "shared", "loss.entropy_coef": 0.01, "kl.placement": "loss", "loss.dual_clip": 3.0},
         {
-            "loss.policy": "kl_penalty", "critic.design": "none", "advantage.estimator": "rloo",
+            "loss.policy": "ppo_penalty", "critic.design": "none", "advantage.estimator": "rloo",
             "sampling.responses_per_prompt": 2, "sampling.dynamic": True,
         },
     ]
@@ -107,7 +107,7 @@ def test_the_readme_metric_table_lists_exactly_the_emitted_keys(tiny_path, tmp_p
         keys |= set(PPOTrainer(small_config(tmp_path / str(i), {"run.iterations": 1}, overrides), gold_fn=gold if i == 0 else None).train()[-1])
     fp16 = PPOTrainer(small_config(tmp_path / "fp16", {"run.iterations": 1}))
     _emulate_fp16_loss_scaling(fp16, torch.amp.GradScaler("cpu"))
-    keys |= set(fp16.step())
+    keys |= set(fp16.iterate())
     names = _readme_metric_names()
     undocumented = sorted(k for k in keys if not any(fnmatch.fnmatch(k, n) for n in names))
     never_emitted = sorted(n for n in names if not any(fnmatch.fnmatch(k, n) for k in keys))
@@ -127,10 +127,10 @@ def _moved(before, model):
 def test_value_warmup_trains_only_the_critic_for_its_iterations(tiny_path, tmp_path):
     trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 2, "critic.warmup_iterations": 1}))
     lm, critic = _weights(trainer.lm), _weights(trainer.critic)
-    first = trainer.step()
+    first = trainer.iterate()
     assert _moved(lm, trainer.lm) == 0.0 and _moved(critic, trainer.critic) > 0.0
     assert "loss/policy" not in first and "loss/value" in first and first["policy/steps"] >= 1
-    second = trainer.step()
+    second = trainer.iterate()
     assert _moved(lm, trainer.lm) > 0.0 and "loss/policy" in second
 
 
@@ -140,7 +140,7 @@ def test_a_critic_learning_rate_moves_the_critic_at_its_own_rate(tiny_path, tmp_
         trainer = PPOTrainer(small_config(tmp_path / name, {"run.iterations": 1, "critic.lr": lr, "optim.lr": 1e-3}))
         assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-3, lr or 1e-3]
         lm, critic = _weights(trainer.lm), _weights(trainer.critic)
-        trainer.step()
+        trainer.iterate()
         moved[name] = _moved(lm, trainer.lm), _moved(critic, trainer.critic)
     assert moved["slow"][1] < moved["same"][1] / 100  # Adam's step is about lr per weight
     assert moved["slow"][0] == pytest.approx(moved["same"][0], rel=0.5)  # the policy is not slowed

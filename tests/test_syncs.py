@@ -21,9 +21,9 @@ def test_the_counter_counts_read_backs_and_nothing_else():
 
 def _count(tmp_path, *settings):
     trainer = PPOTrainer(small_config(tmp_path, {"run.iterations": 2}, *settings))
-    trainer.step()  # first iteration: one-time work
+    trainer.iterate()  # first iteration: one-time work
     with SyncCounter() as syncs:
-        metrics = trainer.step()
+        metrics = trainer.iterate()
     return syncs, metrics, trainer.config
 
 

@@ -69,7 +69,7 @@ def test_gold_fn_is_measured_and_never_trained_on(tiny_path, tmp_path):
     bad = PPOTrainer(small_config(tmp_path / "d"), gold_fn=lambda ps, rs: [0.0])
     before = {k: v.clone() for k, v in bad.lm.state_dict().items()}
     with pytest.raises(ValueError, match="gold_fn returned scores of shape"):
-        bad.step()
+        bad.iterate()
     assert all(torch.equal(v, before[k]) for k, v in bad.lm.state_dict().items())  # failed before the update
 
 
@@ -240,7 +240,7 @@ def test_fp16_without_a_gpu_is_refused(tmp_path):
 def test_ppo_penalty_adapts_its_beta(tiny_path, tmp_path):
     """PPO-penalty: KL(old || new) far above a tiny target doubles beta after the iteration."""
     cfg = small_config(tmp_path, {
-            "loss.policy": "kl_penalty", "loss.penalty_beta": 0.5, "loss.penalty_target": 1e-6,
+            "loss.policy": "ppo_penalty", "loss.penalty_beta": 0.5, "loss.penalty_target": 1e-6,
             "run.iterations": 2,
         })
     history = PPOTrainer(cfg).train()
@@ -317,6 +317,6 @@ def test_reading_the_stop_flags_back_less_often_samples_the_same_responses(tiny_
     monkeypatch.setattr(sampling, "READ_BACK_EVERY", every)
     other = sample()
     assert usual.response_ids.shape[1] < 12  # every response stopped before the last token, so the cut matters
-    for name in ("response_ids", "mask", "ended", "old_logprobs", "entropy"):
+    for name in ("response_ids", "mask", "ended", "sampler_logprobs", "entropy"):
         torch.testing.assert_close(getattr(other, name), getattr(usual, name), rtol=0, atol=0, msg=name)
     assert sampling.generate(trainer.lm, trainer.tokenizer, prompts, trainer.sampling, uniforms=uniforms, with_logprobs=True, with_entropy=False).entropy is None
