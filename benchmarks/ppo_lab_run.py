@@ -10,8 +10,8 @@ With `--critic shared` there is no value model: ppo_lab puts a value head on the
 
 Dropout is switched off in the policy before it is passed in, as TRL does to its models and as
 ppo_lab's own `load_policy` does (`--keep-dropout` leaves it on). Responses have a fixed length
-(no stop token) when ppo_lab's config has `ignore_eos`; `--ignore-eos auto` (the default) turns
-it on whenever the field exists, and the JSON line says which way the run went.
+(no stop token) through `sampling.ignore_eos` unless `--ignore-eos off`, and the JSON line says
+which way the run went.
 
 Per-update wall time is the interval between the ends of successive `PPOTrainer.iterate` calls
 inside `train()` (the first one from its start), so it includes ppo_lab's per-iteration
@@ -19,7 +19,7 @@ logging; the phases come from ppo_lab's own metrics `time/rollout` and `time/upd
 JSON line on stdout.
 
 On a GPU (`--device cuda`, used by gpu.py) ppo_lab takes the GPU through accelerate by itself;
-`--precision bf16` is `PPOConfig.precision = "bf16"` (autocast, fp32 master weights and AdamW
+`--precision bf16` is `memory.precision = "bf16"` (autocast, fp32 master weights and AdamW
 state). The JSON line then also has the per-update peak GPU memory and the model FLOPs of an
 update (workload.update_flops). `--profile FILE` runs one more update after the timed ones
 under torch.profiler (not counted in the timings) and writes its operator tables to FILE.
@@ -45,7 +45,7 @@ def parse_args(argv=None):
     wl.add_workload_args(p)
     p.add_argument("--critic", choices=["separate", "shared"], default="separate")
     p.add_argument("--ignore-eos", choices=["auto", "on", "off"], default="auto",
-                   help="fixed-length responses through PPOConfig.ignore_eos (auto: on if the field exists)")
+                   help="fixed-length responses through sampling.ignore_eos (auto and on: fixed length; off: stop at EOS)")
     p.add_argument("--keep-dropout", action="store_true", help="pass the policy with GPT-2's default dropout left on")
     p.add_argument("--profile", metavar="FILE", help="profile one extra update (after the timed ones) and write "
                                                      "torch.profiler's top operators by device and CPU time to FILE")

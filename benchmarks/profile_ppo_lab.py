@@ -46,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     wl.add_workload_args(p)
-    p.add_argument("--critic.design", choices=["separate", "shared", "both"], default="both")
+    p.add_argument("--critic", choices=["separate", "shared", "both"], default="both")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iterations", type=int, default=5, help="timed iterations (medians are reported)")
     p.add_argument("--cprofile", action="store_true", help="also run one iteration under cProfile")

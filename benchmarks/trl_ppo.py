@@ -81,12 +81,33 @@ def main(argv=None):
     n_total = {"policy": wl.n_params(policy), "value": wl.n_params(value), "reward": wl.n_params(reward)}
 
     out_dir = tempfile.mkdtemp(prefix="bench_trl_ppo_")
-    config = PPOConfig(data_seed=args.seed, per_device_train_batch_size=args.batch, num_mini_batches=args.mini_batches, num_ppo_epochs=args.ppo_epochs, local_rollout_forward_batch_size=args.batch, response_length=args.response_length, total_episodes=args.updates * args.batch, num_sample_generations=0, bf16=bf16, fp16=False, use_cpu=args.device == "cpu", save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0, **{
-            "run.output_dir": out_dir, "run.seed": args.seed, "optim.lr": args.lr,
-            "batch.accumulation_steps": 1, "sampling.temperature": args.temperature, "kl.coef": args.kl_coef,
-            "sampling.stop_token": None, "reward.truncated_penalty": None,
-            "memory.gradient_checkpointing": False, "run.report_to": "none",
-        })
+    config = PPOConfig(
+        output_dir=out_dir,
+        seed=args.seed,
+        data_seed=args.seed,
+        learning_rate=args.lr,
+        per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=1,
+        num_mini_batches=args.mini_batches,
+        num_ppo_epochs=args.ppo_epochs,
+        local_rollout_forward_batch_size=args.batch,
+        response_length=args.response_length,
+        total_episodes=args.updates * args.batch,
+        temperature=args.temperature,
+        kl_coef=args.kl_coef,
+        stop_token=None,
+        missing_eos_penalty=None,
+        num_sample_generations=0,
+        bf16=bf16,
+        fp16=False,
+        use_cpu=args.device == "cpu",
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
 
     # --- phase timers ------------------------------------------------------------------------
     marks: dict[str, float] = {}

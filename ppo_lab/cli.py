@@ -143,7 +143,7 @@ ALIASES = {"lr": "optim.lr", "epochs": "batch.epochs", "batch_size": "batch.roll
 
 def _unknown_message(unknown: list[str], parser: argparse.ArgumentParser) -> str:
     """"unknown option --learn; did you mean --optim.lr?" for the first unknown token, and
-    "--optim.lr is now --optim.lr" for a flag from before the config's groups."""
+    "--learning_rate is now --optim.lr" for a flag from before the config's groups."""
     import difflib
 
     from .config import MOVED

@@ -26,7 +26,6 @@ process with `accumulation_steps x N` (tests/test_distributed.py checks it).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import functools
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from .sampling import Sampling
 # Each name from before the groups, and its place now: an old name in Python, YAML or a flag gets an
 # error that names the new one, and a checkpoint written before the groups resumes (`upgrade`).
 MOVED = {
-    "kind": "kl.estimator",  # the estimator's name in kl_penalty(..., kind)
+    "kind": "kl.estimator",  # an older name of kl_estimator, before it moved to kl.estimator
     "policy_model": "policy.model", "tokenizer": "policy.tokenizer", "trust_remote_code": "policy.trust_remote_code",
     "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
     "lora_target_modules": "lora.target_modules", "critic": "critic.design", "critic_model": "critic.model",
@@ -251,7 +250,7 @@ class PPOConfig:
 def nest(*data: dict) -> dict:
     """Merge dicts of groups and of dotted names into {group: {field: value}}, later ones winning.
 
-    A group given as an object joins as its fields. Names from before the groups, and names that
+    A group given as an object joins as its settings. Names from before the groups, and names that
     are neither a group nor a dotted setting, raise a ValueError that says where they went or
     what was probably meant.
     """
@@ -267,8 +266,8 @@ def nest(*data: dict) -> dict:
                 raise ValueError(_unknown(name))
             if rest:
                 out.setdefault(key, {})[rest] = value
-            elif isinstance(value, Group):
-                out.setdefault(key, {}).update({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+            elif isinstance(value, Group):  # its settings (a Sampling's stop_ids are the build's, not the config's)
+                out.setdefault(key, {}).update({f.name: getattr(value, f.name) for f in settings(value)})
             elif isinstance(value, dict):
                 out.setdefault(key, {}).update(value)
             else:

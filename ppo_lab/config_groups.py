@@ -105,7 +105,7 @@ class Sampler(Group):
             raise ValueError(
                 f"sampler.correction = {self.correction!r} weights tokens by pi_old / pi_sampler, but sampler.old_logprobs_from = 'sampling' "
                 "takes the sampler's log-probs as pi_old (the bypass form), where the PPO ratio already is the importance weight; "
-                "use old_logprobs_from: forward (or auto), or correction: none"
+                "use sampler.old_logprobs_from: forward (or auto), or sampler.correction: none"
             )
         if self.correction_low >= self.correction_high:
             raise ValueError(f"sampler.correction_low = {self.correction_low!r} must be below sampler.correction_high = {self.correction_high!r}")
@@ -113,7 +113,7 @@ class Sampler(Group):
 
 @group("batch")
 class Batch(Group):
-    """How many responses a rollout, a minibatch, a forward and a micro-batch hold (see above)."""
+    """How many responses a rollout, a minibatch, a forward and a micro-batch hold (config.py's docstring)."""
 
     rollout: int = _f(64, "Responses sampled per PPO iteration (global: each of N processes samples rollout / N).", low=1)
     minibatch: int = _f(16, "Responses per optimizer step (global); must divide rollout.", low=1)
@@ -175,7 +175,7 @@ class Advantage(Group):
         if self.estimator not in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage.estimator = {self.estimator!r} is not allowed; valid values are: {', '.join(map(repr, sorted(ADVANTAGE_ESTIMATORS)))}")
         if self.estimator == "reinforce_pp_baseline" and self.whiten_rewards:
-            raise ValueError("advantage.estimator = 'reinforce_pp_baseline' subtracts the group mean of the score from the score's token, which whiten_rewards has already rescaled and shifted; set whiten_rewards: false")
+            raise ValueError("advantage.estimator = 'reinforce_pp_baseline' subtracts the group mean of the score from the score's token, which advantage.whiten_rewards has already rescaled and shifted; set advantage.whiten_rewards: false")
 
 
 @group("kl")

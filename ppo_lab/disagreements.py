@@ -43,13 +43,13 @@ class Decision:
 
 
 DECISIONS = (
-    Decision("where the sequence score goes", "the last real token", "reproduce: score-past-last"),
-    Decision("padding in the GAE recursion", "skipped", "reproduce: gae-over-padding"),
-    Decision("advantage whitening", "over the mask", "reproduce: whiten-with-padding"),
-    Decision("temperature", "the same tau everywhere", "reproduce: temperature-1-in-scoring"),
+    Decision("where the sequence score goes", "the last real token", "run.reproduce: score-past-last"),
+    Decision("padding in the GAE recursion", "skipped", "run.reproduce: gae-over-padding"),
+    Decision("advantage whitening", "over the mask", "run.reproduce: whiten-with-padding"),
+    Decision("temperature", "the same tau everywhere", "run.reproduce: temperature-1-in-scoring"),
     Decision("the k3 KL estimator", "expm1(log r) - log r", "k3_exp_minus_one, k3_clamped"),
-    Decision("where the rollout's log-probs come from", "the sampling logits in fp32", "old_logprobs: forward"),
-    Decision("dropout during PPO", "off", "reproduce: dropout-on"),
+    Decision("where the rollout's log-probs come from", "the sampling logits in fp32", "sampler.old_logprobs_from: forward"),
+    Decision("dropout during PPO", "off", "run.reproduce: dropout-on"),
 )
 
 

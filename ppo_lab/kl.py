@@ -13,7 +13,7 @@ gives three estimators:
 "abs" = |log r| is TRL's `kl_penalty="abs"` option. `full_kl` computes the exact per-token KL from
 the full logits, the ground truth the book measures the estimators against.
 
-Used as a loss (`kl_in="loss"`, chapter 10), what counts is an estimator's gradient with the
+Used as a loss (`kl.placement: loss`, chapter 10), what counts is an estimator's gradient with the
 sample held fixed, which is not the gradient of the KL it estimates (Tang and Munos 2025):
 `expected_loss_gradient` computes it exactly for one distribution, `kl_gradient` the two KLs'.
 """

@@ -1,5 +1,5 @@
 """The loss of one micro-batch: a policy loss from the registry, plus the value loss, the
-entropy bonus and (with `kl_in="loss"`) the KL to the reference.
+entropy bonus and (with `kl.placement: loss`) the KL to the reference.
 
 Chapter 7 (The PPO trainer end to end) writes the whole objective, to be minimised:
 

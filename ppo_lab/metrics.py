@@ -15,7 +15,7 @@ The objective metrics follow the rewards the advantages were computed from (chap
 
 with score' the score the rewards were shaped from (after the `reward.reference_norm` gain and
 bias, `reward.truncated_score` or `reward.truncated_penalty`, `reward.normalize` and `reward.clip`); with
-`kl_in="reward"` the second is exactly the mean summed shaped reward (before `whiten_rewards`).
+`kl.placement: reward` the second is exactly the mean summed shaped reward (before `advantage.whiten_rewards`).
 `objective/kl` is always the k1 estimate sum_t (log pi_old - log pi_ref), the plain log-ratio
 whose mean over samples is the sequence KL, whatever estimator shapes the reward.
 """
@@ -57,7 +57,7 @@ def rollout_metrics(
         rewards: (B, T) the shaped per-token rewards the advantages came from (None when the
             update was skipped); advantages: (B, T), or None likewise.
         kl_coef: the KL coefficient the rewards were shaped with (this iteration's).
-        kl_in, kl_estimator: as in `PPOConfig`.
+        kl_in, kl_estimator: `kl.placement` and `kl.estimator` of `PPOConfig`.
     """
     kl_seq = (kl_penalty(old_logprobs, ref_logprobs, "k1") * mask).sum(1)  # (B,)
     estimate = kl_seq if kl_estimator == "k1" else (kl_penalty(old_logprobs, ref_logprobs, kl_estimator) * mask).sum(1)

@@ -13,7 +13,7 @@ recipe:
                           entropy bonus and the KL in the loss (`losses.ppo_loss`)
 
 The choices that Appendix A reproduces enter through `disagreements.Choices`, whose hooks are
-ppo_lab's own choices unless `reproduce` names another.
+ppo_lab's own choices unless `run.reproduce` names another.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Objective:
     def advantages(self, ro: Rollout, kl_coef: float, gain: float = 1.0, bias: float = 0.0):
         """(rewards, advantages, returns), each (B, T): the score on the last token minus the KL
         penalty on every token (chapter 5), then the configured estimator (chapters 4, 10), then
-        whitening (chapter 4). `kl.coef` is the current KL coefficient, `gain` and `bias` the
+        whitening (chapter 4). `kl_coef` is the current KL coefficient, `gain` and `bias` the
         run's fixed score map (`reward.reference_norm`). The rewards are returned for the log."""
         scores = self.scores(ro, gain, bias)  # the reward's scores, adjusted (chapters 5, 8, 10)
         rewards = self.shape(ro, scores, kl_coef)  # score on the last real token, -kl_coef x KL on every token
@@ -60,7 +60,7 @@ class Objective:
         return adjust_scores(raw, ro.ended, cfg.reward.truncated_penalty, cfg.reward.normalize, truncated_score=cfg.reward.truncated_score, gain=gain, bias=bias)
 
     def placed(self, scores: torch.Tensor) -> torch.Tensor:
-        """(B,) the scores as they sit on the last token: clipped to +-score_clip when it is set."""
+        """(B,) the scores as they sit on the last token: clipped to +-`reward.clip` when it is set."""
         clip = self.config.reward.clip
         return scores.clamp(-clip, clip) if clip is not None else scores
 
@@ -71,9 +71,9 @@ class Objective:
         return self.choices.place_score(shaped, self.placed(scores), ro.mask)
 
     def estimate(self, ro: Rollout, rewards: torch.Tensor, scores: torch.Tensor):
-        """(advantages, returns), each (B, T), from the configured estimator with `lam`; the
+        """(advantages, returns), each (B, T), from the configured estimator with `advantage.lam`; the
         critic's targets use `critic.lam` when it is set (VAPO's decoupled lambda). With
-        `whiten_rewards` the estimator sees the rewards scaled to std 1, their mean kept, so the
+        `advantage.whiten_rewards` the estimator sees the rewards scaled to std 1, their mean kept, so the
         sign of the KL penalty survives (OpenAI 2019)."""
         cfg, estimator = self.config, self.choices.estimator(self.estimator)
         if cfg.advantage.whiten_rewards:
@@ -100,7 +100,7 @@ class Objective:
 
     def loss(self, *, logprobs, entropy, values, batch, kl_coef: float, penalty_beta: float, train_policy: bool = True):
         """The loss of one micro-batch and its metrics (`losses.ppo_loss`, with this run's
-        settings); `kl.coef` and `penalty_beta` are the controllers' current values."""
+        settings); `kl_coef` and `penalty_beta` are the controllers' current values."""
         cfg = self.config
         # seq-mean-token-sum-norm divides by the generation budget, not by a batch's padded width
         # (which is its longest response: sampling stops when every response has)

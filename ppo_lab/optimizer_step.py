@@ -110,7 +110,7 @@ class OptimizerStep:
             acc.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if math.isfinite(norm_value):
-            return  # past target_kl
+            return  # past optim.early_stop_kl
         bad = [k for k, vs in step_metrics.items() if not all(bool(torch.isfinite(v).all()) for v in vs)]
         if acc.scaler is not None and not bad:
             counts["train/overflow_steps"] += 1  # fp16's scale was too large: how fp16 training starts

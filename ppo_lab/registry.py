@@ -2,7 +2,7 @@
 
 Chapter 4 (the estimators), chapter 6 (the policy losses) and chapter 10 add algorithms as
 functions, not as edits of the trainer: a function is registered under a name with a decorator,
-and the config names it (`advantage_estimator: grpo`, `policy_loss: cispo`). A `Registry` is a
+and the config names it (`advantage.estimator: grpo`, `loss.policy: cispo`). A `Registry` is a
 dict of name -> function with the two things both registries need: a decorator that refuses a
 name twice, and a lookup whose error lists the valid names.
 """

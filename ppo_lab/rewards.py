@@ -37,7 +37,7 @@ def check_scores(scores, n: int, source: str = "the reward function", finite: bo
     """(n,) float32 tensor of `scores`, or a ValueError naming `source` and the problem.
 
     With `finite=False` nan and inf pass through (the trainer skips such an update itself and
-    stops after `max_bad_updates`); a wrong type or shape is always an error.
+    stops after `run.max_bad_updates`); a wrong type or shape is always an error.
     """
     try:
         tensor = torch.as_tensor(scores if isinstance(scores, torch.Tensor) else list(scores), dtype=torch.float32)

@@ -8,12 +8,12 @@
         policy/           the final policy, loadable with `from_pretrained`
         config.yaml       the run's PPOConfig
         run.json          the run's id and the names above, the ones this run owns
-        ppo_lab/          accelerate's tracker logs (report_to)
+        ppo_lab/          accelerate's tracker logs (run.report_to)
 
 Only the main process writes. A run deletes only what a run of ppo_lab recorded as its own: the
 names listed in the folder's `run.json`, never a file that merely has one of those names.
 - A folder that holds a run's results is refused unless `run.overwrite` (then the old
-  run's own files go, and any other file in the folder stays) or `resume_from` (then its logs
+  run's own files go, and any other file in the folder stays) or `run.resume_from` (then its logs
   are cut back to the checkpoint).
 - A folder with no `run.json` that is not empty holds someone else's files: it is refused unless
   `run.overwrite` says to write beside them, and refused in any case when one of them has
@@ -28,7 +28,7 @@ import os
 import shutil
 from pathlib import Path
 
-# What a run writes (recorded in its run.json as its own); overwrite_output_dir removes these and
+# What a run writes (recorded in its run.json as its own); run.overwrite removes these and
 # nothing else. A folder "holds a run" when it has one of the first four (results).
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "policy", "config.yaml", "run.json", "ppo_lab")
 
@@ -128,7 +128,7 @@ class RunOutput:
             self.accelerator.wait_for_everyone()  # every process checked before the main one writes
             if self.main:
                 # Overwriting removes everything the old run owned (its checkpoints left in place
-                # would be resumed from, or would push the new run's out under keep_checkpoints),
+                # would be resumed from, or would push the new run's out under run.keep_checkpoints),
                 # and nothing else: check() refused a folder where a name the run writes is not its own.
                 owned = self.owned() or []
                 leftovers = list(self.dir.glob("policy.tmp-*")) + list(self.dir.glob("policy.old-*")) if "policy" in owned else []
@@ -160,7 +160,7 @@ class RunOutput:
             for stale in list(self.dir.glob("policy.tmp-*")) + list(self.dir.glob("policy.old-*")):
                 shutil.rmtree(stale, ignore_errors=True)
         self.accelerator.wait_for_everyone()
-        if trackers:  # report_to: accelerate's trackers (tensorboard, wandb, ...) log to output_dir/ppo_lab
+        if trackers:  # run.report_to: accelerate's trackers (tensorboard, wandb, ...) log to run.output_dir/ppo_lab
             # trackers take flat hyperparameters: one "group.field" key each
             flat = {f"{key}.{name}": v for key, values in config.items() for name, v in values.items()}
             self.accelerator.init_trackers("ppo_lab", config={k: v for k, v in flat.items() if v is not None})

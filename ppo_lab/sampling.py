@@ -27,7 +27,7 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
     Args:
         logits: (B, V) next-token logits.
         uniforms: (B,) numbers in [0, 1), one per row.
-        temperature, top_k, top_p: as in `PPOConfig` (top_k = 0 and top_p = 1 switch them off).
+        temperature, top_k, top_p: as in `Sampling` (top_k = 0 and top_p = 1 switch them off).
 
     Returns:
         (B,) token ids. Row b's token depends only on `logits[b]` and `uniforms[b]`, never on the

@@ -122,7 +122,7 @@ def adjust_scores(
         ended: (B,) bool, whether each response ended with a stop token (needed with a
             penalty or a replacement score).
         truncated_penalty: if given, subtracted from the score of every response that ran out
-            of tokens without stopping (TRL's `reward.truncated_penalty`): a reward model judges
+            of tokens without stopping (TRL's `missing_eos_penalty`): a reward model judges
             truncated text as if it were finished, and the policy learns to ramble otherwise.
         normalize: rescale the batch to mean 0, std 1 (unbiased), which keeps the reward's
             scale from setting the effective learning rate.

@@ -8,8 +8,8 @@ the pure functions of the earlier chapters and contains no math of its own:
         scores      = reward(prompts, responses), adjusted                              (rewards.py, shaping.py)
         rewards     = shape_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef)  (chapter 5; objective.py)
         advantages  = estimator(rewards, mask, values, ...)                             (chapters 4, 10)
-        for epoch in ppo_epochs, for minibatch in shuffled minibatches:
-            loss = ppo_loss(...): policy loss + vf_coef * value loss - entropy bonus    (losses.py)
+        for epoch in batch.epochs, for minibatch in shuffled minibatches:
+            loss = ppo_loss(...): policy loss + critic.loss_coef * value loss - entropy bonus    (losses.py)
             backward, clip gradients, optimizer and scheduler step                      (optimizer_step.py)
         KL controller update, metrics, health checks                                    (chapter 5; metrics.py)
 
@@ -18,7 +18,7 @@ How it departs from the textbook algorithm, on purpose:
 2. Log-probs are always taken at the sampling temperature, for the policy and the reference.
 3. Dropout is off in every model, so the first update step is exactly on-policy (ratio = 1).
 4. The KL penalty uses the rollout log-probs (fixed during the update) when it is in the
-   reward; with `kl_in="loss"` it is recomputed with gradients at every step (GRPO style).
+   reward; with `kl.placement: loss` it is recomputed with gradients at every step (GRPO style).
 5. However a minibatch is split into micro-batches and processes, its gradient is that of the
    whole minibatch (optimizer_step.py, aggregation.py).
 6. Every random draw of an iteration (the sampled tokens, the minibatch order) comes from a
@@ -26,7 +26,7 @@ How it departs from the textbook algorithm, on purpose:
    draws. So a run split over N processes samples the same responses as one process, and a
    run resumed from a checkpoint continues exactly as the unbroken run would have.
 7. Non-finite rewards, losses or gradients never reach the weights: the optimizer step is
-   skipped with a warning that names the phase and the metric, and after `max_bad_updates`
+   skipped with a warning that names the phase and the metric, and after `run.max_bad_updates`
    skipped updates the run stops, its last checkpoint untouched.
 
 Each variant reaches the loop as an object the loop always calls: the sampler beside the
@@ -109,7 +109,7 @@ class PPOTrainer:
             self.accelerator, self.optimizer, self.scheduler, models, minibatch_size=cfg.batch.minibatch, accumulation=cfg.batch.accumulation_steps,
             loss_agg=cfg.loss.aggregation, max_grad_norm=cfg.optim.max_grad_norm, clip_scope=cfg.optim.clip_scope, target_kl=cfg.optim.early_stop_kl,
         )
-        # ppo_lab's choices where implementations disagree, or the others' for Appendix A (`reproduce`)
+        # ppo_lab's choices where implementations disagree, or the others' for Appendix A (`run.reproduce`)
         self.choices = Choices.parse(cfg.run.reproduce)
         self.choices.prepare(models)
         self.score_temperature = self.choices.score_temperature(cfg.sampling.temperature)  # the temperature of every log-prob forward
@@ -124,7 +124,7 @@ class PPOTrainer:
         # a reward model with the policy's tokenizer reads the sampled ids, EOS included (rewards.py)
         self.reward_by_ids = reads_token_ids(self.reward_fn, self.tokenizer)
         self.gold = GoldReward(gold_fn)
-        self.score_gain, self.score_bias = 1.0, 0.0  # reference_score_norm's fixed map (set below)
+        self.score_gain, self.score_bias = 1.0, 0.0  # reward.reference_norm's fixed map (set below)
 
         self.iteration, self.health, self._skipped = 0, RunHealth(cfg.run.max_bad_updates, cfg.optim.lr), []  # (why this iteration's steps were skipped)
         self.history: list[dict] = []
@@ -166,7 +166,7 @@ class PPOTrainer:
     # --- 1. rollout: sample, score every token with every model -------------------------------
     @torch.no_grad()
     def rollout(self, prompts: list[str], attempt: int = 0) -> Rollout:
-        """Sample `responses_per_prompt` responses per prompt, score their tokens with the policy,
+        """Sample `sampling.responses_per_prompt` responses per prompt, score their tokens with the policy,
         the reference and the critic, and the responses with the reward. Each process does its
         share; the returned rollout is the whole batch. Non-finite scores are left for `step`.
         `attempt` > 0 draws other tokens for the extra rollouts of dynamic sampling."""
@@ -228,7 +228,7 @@ class PPOTrainer:
 
     # --- 4. the update: epochs of shuffled minibatches ----------------------------------------
     def update(self, ro: Rollout, advantages, returns) -> dict[str, float]:
-        """ppo_epochs passes of shuffled minibatches, one optimizer step per minibatch
+        """batch.epochs passes of shuffled minibatches, one optimizer step per minibatch
         (`OptimizerStep.step`: clip, skip a non-finite gradient, stop past `optim.early_stop_kl`);
         `self._skipped` records why a step was skipped."""
         cfg = self.config
@@ -241,7 +241,7 @@ class PPOTrainer:
             order = torch.randperm(len(ro), generator=shuffle).to(self.device)
             for start in range(0, len(ro), cfg.batch.minibatch):
                 if not self.stepper.step(ro.mask, order[start : start + cfg.batch.minibatch], loss, collected, counts, self._skipped):
-                    return {**mean_metrics(collected, self.mean_over_processes), **counts}  # past target_kl
+                    return {**mean_metrics(collected, self.mean_over_processes), **counts}  # past optim.early_stop_kl
         return {**mean_metrics(collected, self.mean_over_processes), **counts}
 
     def minibatch_loss(self, ro: Rollout, idx: torch.Tensor, advantages, returns):
@@ -278,7 +278,7 @@ class PPOTrainer:
 
         Non-finite rewards, log-probs or values skip the whole update; non-finite gradients skip
         that optimizer step. Either way a warning names the phase and the metric, and once
-        `max_bad_updates` updates have been skipped a `NonFiniteError` stops the run.
+        `run.max_bad_updates` updates have been skipped a `NonFiniteError` stops the run.
         """
         cfg = self.config
         if self.device.type == "cuda":

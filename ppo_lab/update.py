@@ -14,7 +14,7 @@ enough to read in one screen and to write as an exercise (the course's `ppo_upda
         one optimizer step on it
 
 `tests/test_update.py` checks that it moves a model's weights exactly as `PPOTrainer.update`
-does under the same settings (`max_grad_norm` and `optim.early_stop_kl` None, the constant learning
+does under the same settings (`optim.max_grad_norm` and `optim.early_stop_kl` None, the constant learning
 rate), to float round-off.
 """
 

@@ -92,6 +92,12 @@ def test_the_three_ways_to_write_a_config_are_one_config():
     assert one == PPOConfig(optim=Optim(lr=1e-4), run={"seed": 3}) == PPOConfig(**{"optim.lr": 1e-4, "run.seed": 3})
     assert one == PPOConfig.from_dict(one.flat()) == PPOConfig.from_dict(one.to_dict())
     assert one.replace({"optim.lr": 2e-4}).optim.lr == 2e-4 and one.optim.lr == 1e-4  # a copy
+    # the sampling group is ppo_lab.Sampling itself; its stop_ids are the build's, not a setting
+    from ppo_lab import Sampling
+
+    two = PPOConfig(sampling=Sampling(max_new_tokens=6, stop_ids=[2]))
+    assert two == PPOConfig(**{"sampling.max_new_tokens": 6}) and two.sampling.stop_ids == ()
+    assert "stop_ids" not in two.to_dict()["sampling"]
 
 
 @pytest.mark.parametrize(
