@@ -19,7 +19,7 @@ import typing
 from dataclasses import field
 
 
-def _f(default, help: str, choices=None, *, low=None, high=None, low_open=False, high_open=False, resume="fixed", factory=False):
+def _f(default, help: str, choices=None, *, low=None, high=None, low_open=False, high_open=False, resume="fixed"):
     """A field with its help text, and the one statement of what it accepts.
 
     `low` / `high` bound a number (open or closed ends; an int field is checked as an integer
@@ -32,7 +32,7 @@ def _f(default, help: str, choices=None, *, low=None, high=None, low_open=False,
         meta["choices"] = tuple(choices)
     if low is not None:
         meta["range"] = (low, high, low_open, high_open)
-    return field(default_factory=default, metadata=meta) if factory else field(default=default, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def internal(default, why: str):
