@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 import sys
 from pathlib import Path
 
+import yaml
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
@@ -465,7 +467,69 @@ def clip_regions() -> Figure:
     return fig
 
 
-DIAGRAMS = {"rlhf_loop": rlhf_loop, "gae_recursion": gae_recursion, "kl_placement": kl_placement, "clip_regions": clip_regions}
+# --- the opening page: the map of the chapters ------------------------------------------------
+
+# What each chapter builds on, beyond the one before it (chapters 1 to 7 are a chain). Appendix D
+# (the course) draws on every chapter. Kept here, beside the picture, and checked against the
+# pages' titles and _toc.yml.
+MAP_CHAIN = ["ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07"]
+MAP_BRANCHES = {"ch08": ["ch07", "ch05"], "ch09": ["ch07", "ch03"], "ch10": ["ch07", "ch02", "ch06"],
+                "appendix_a": ["ch07"], "appendix_b": ["ch07"], "appendix_c": ["ch10"]}
+
+
+def _map_titles() -> dict[str, str]:
+    """Page prefix ("ch05", "appendix_b") -> its short title, read from the page's first heading:
+    the text before the first comma or colon ("5. Reward shaping and the KL penalty")."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    titles = {}
+    for prefix in [*MAP_CHAIN, *MAP_BRANCHES, "appendix_d"]:
+        (name,) = [f for f in files if Path(f).name.startswith(prefix + "_")]
+        heading = next(line for line in (ROOT / f"{name}.md").read_text().splitlines() if line.startswith("# "))
+        title = re.split(r"[,:] ", heading[2:].replace("Appendix D: ", "D. "), maxsplit=1)[0]
+        titles[prefix] = title
+    return titles
+
+
+def chapter_map() -> Figure:
+    """The chapters as a map: the chain from chapter 1 to chapter 7, the chapters and appendices
+    that build on it, and what each of them returns to."""
+    import textwrap
+
+    titles = _map_titles()
+    fig, ax, top = _canvas(10.0, 5.8)
+    w, h, step, y_chain = 10.0, 9.0, 11.3, 32.0
+    boxes = {}
+    for i, prefix in enumerate(MAP_CHAIN):
+        fill = "#dbe9f6" if i < 3 else "#fbe3cf"
+        boxes[prefix] = _box(ax, 1.0 + i * step, y_chain, w, h, textwrap.fill(titles[prefix], 13), fill=fill)
+    for a, b in zip(MAP_CHAIN, MAP_CHAIN[1:]):
+        _arrow(ax, (boxes[a][2], y_chain + h / 2), (boxes[b][0], y_chain + h / 2))
+    later = ["ch08", "ch09", "ch10"]
+    for j, prefix in enumerate(later):
+        back = ", ".join(str(int(q[2:])) for q in MAP_BRANCHES[prefix] if q != "ch07")
+        boxes[prefix] = _box(ax, 85.0, 44.0 - j * 13.0, 14.0, 11.0, textwrap.fill(titles[prefix], 15) + f"\n(also {back})", fill="#d5efe6")
+    appendices = {"appendix_d": 4.0, "appendix_a": 22.0, "appendix_b": 40.0, "appendix_c": 58.0}
+    for prefix, x0 in appendices.items():
+        note = "\n(every chapter)" if prefix == "appendix_d" else ""
+        boxes[prefix] = _box(ax, x0, 3.0, 14.0, 11.0, textwrap.fill(titles[prefix], 16) + note, fill=FUNCTION_FILL)
+    c7 = boxes["ch07"]
+    for prefix in later:
+        b = boxes[prefix]
+        _arrow(ax, (c7[2], y_chain + h / 2), (b[0], (b[1] + b[3]) / 2))
+    for prefix in ("appendix_a", "appendix_b"):
+        b = boxes[prefix]
+        _arrow(ax, ((c7[0] + c7[2]) / 2, y_chain), ((b[0] + b[2]) / 2, b[3]))
+    b, c = boxes["ch10"], boxes["appendix_c"]
+    _path(ax, [((b[0] + b[2]) / 2, b[1]), ((b[0] + b[2]) / 2, (c[1] + c[3]) / 2), (c[2], (c[1] + c[3]) / 2)])
+    for label, x, color in (("Foundations", 1.0, "#0b4f8a"), ("From the policy gradient to PPO", 1.0 + 3 * step, "#8a4b0b")):
+        ax.text(x, y_chain + h + 1.5, label, ha="left", va="bottom", fontsize=FONT, color=color, weight="bold")
+    ax.text(4.0, 14.0 + 1.5, "Appendices", ha="left", va="bottom", fontsize=FONT, color=INK, weight="bold")
+    return fig
+
+
+DIAGRAMS = {"rlhf_loop": rlhf_loop, "gae_recursion": gae_recursion, "kl_placement": kl_placement, "clip_regions": clip_regions,
+            "chapter_map": chapter_map}
 
 
 def png_bytes(fig: Figure) -> bytes:
