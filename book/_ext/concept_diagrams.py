@@ -242,7 +242,7 @@ def gae_recursion() -> Figure:
         ("values", "values $V(s_t)$", values, "{:+.2f}"),
         ("delta", "TD error $\\delta_t$", deltas, "{:+.2f}"),
         ("advantages", "advantages $\\hat A_t$", adv, "{:+.2f}"),
-        ("returns", "returns $\\hat A_t + V(s_t)$", ret, "{:+.2f}"),
+        ("returns", "returns $\\hat G_t = \\hat A_t + V(s_t)$", ret, "{:+.2f}"),
     ]
     formulas = (f"$\\delta_t = r_t + \\gamma V(s_{{t+1}}) - V(s_t)$      $\\hat A_t = \\delta_t + \\gamma\\lambda\\,\\hat A_{{t+1}}$"
                 f"      ($\\gamma$ = {gamma:g}, $\\lambda$ = {lam:g})")
