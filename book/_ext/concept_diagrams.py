@@ -477,6 +477,17 @@ MAP_BRANCHES = {"ch08": ["ch07", "ch05"], "ch09": ["ch07", "ch03"], "ch10": ["ch
                 "appendix_a": ["ch07"], "appendix_b": ["ch07"], "appendix_c": ["ch10"]}
 
 
+def _page_text(stem: Path) -> str:
+    """A page's markdown: its .md source, or the markdown cells of its .ipynb where the page is a
+    notebook only (the student edition's scratch tree)."""
+    if stem.with_suffix(".md").exists():
+        return stem.with_suffix(".md").read_text()
+    import json
+
+    cells = json.loads(stem.with_suffix(".ipynb").read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
 def _map_titles() -> dict[str, str]:
     """Page prefix ("ch05", "appendix_b") -> its short title, read from the page's first heading:
     the text before the first comma or colon ("5. Reward shaping and the KL penalty")."""
@@ -485,7 +496,7 @@ def _map_titles() -> dict[str, str]:
     titles = {}
     for prefix in [*MAP_CHAIN, *MAP_BRANCHES, "appendix_d"]:
         (name,) = [f for f in files if Path(f).name.startswith(prefix + "_")]
-        heading = next(line for line in (ROOT / f"{name}.md").read_text().splitlines() if line.startswith("# "))
+        heading = next(line for line in _page_text(ROOT / name).splitlines() if line.startswith("# "))
         title = re.split(r"[,:] ", heading[2:].replace("Appendix D: ", "D. "), maxsplit=1)[0]
         titles[prefix] = title
     return titles

@@ -137,7 +137,7 @@ def write_tree(tree: Path) -> None:
     for path, found in regions_in_package(tree / "ppo_lab").items():
         file = tree / "ppo_lab" / path
         file.write_text(skeleton(file.read_text(), {r.assignment for r in found}, str(file)))
-    for folder in (cfg["sphinx"].get("local_extensions") or {}).values():  # the book's own Sphinx extensions
+    for folder in sorted(set((cfg["sphinx"].get("local_extensions") or {}).values())):  # the book's own Sphinx extensions
         shutil.copytree(ROOT / folder, tree / folder, ignore=shutil.ignore_patterns("__pycache__"))
     chapters = twins.chapters()
     for md in (ROOT / "book").glob("*.md"):
