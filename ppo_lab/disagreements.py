@@ -1,8 +1,8 @@
 """Where the big implementations disagree: the other choices, reproduced.
 
-Appendix A (Where the big implementations disagree) runs each decision of the README's table
+Appendix A (Where the big implementations disagree) runs each decision of the book's decisions table
 both ways. `ppo_lab` makes one choice in each; this module holds the table as data (`DECISIONS`,
-kept equal to the README's by a test) and the other choices as pure functions. `Choices` is what
+kept equal to the book's by a test) and the other choices as pure functions. `Choices` is what
 the trainer sees: one hook per decision, which it calls on every run, and which applies the
 other choice only when `run.reproduce` names it (off by default, used by Appendix A to run
 each decision both ways, never by a recipe):
@@ -35,9 +35,9 @@ DROPOUT_ON_P = 0.1  # GPT-2's (and the tiny model's) configured resid/embd/attn 
 
 @dataclass(frozen=True)
 class Decision:
-    """One row of the README's table "Decisions where the big implementations disagree"."""
+    """One row of the book's table "Decisions where the big implementations disagree"."""
 
-    question: str  # the README's first column, verbatim
+    question: str  # the table's first column, verbatim
     ours: str  # what ppo_lab does, in a few words
     other: str  # how to reproduce the other choice: a `reproduce` name, a field or a function
 

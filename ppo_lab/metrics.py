@@ -2,7 +2,7 @@
 
 Chapter 7 (The PPO trainer end to end) reads these metrics on the dashboard and the health panel.
 
-Mostly pure functions of tensors: `rollout_metrics` gives the fixed metric names of the README's table
+Mostly pure functions of tensors: `rollout_metrics` gives the fixed metric names of the book's metrics table
 (reward/..., objective/..., response/..., advantages/mean) as 0-dim tensors, so that the trainer
 reads them back to the host in one transfer; `rollout_problems` and `weights_problem` say what
 is not finite or has exploded; `RunHealth` keeps the count of skipped updates across iterations

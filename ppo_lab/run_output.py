@@ -2,7 +2,7 @@
 (chapter 7).
 
     output_dir/
-        metrics.jsonl     one row per iteration (the README's metric names)
+        metrics.jsonl     one row per iteration (the book's metric names)
         samples.jsonl     the evaluation samples
         checkpoints/      full checkpoints (`checkpoint.py`)
         policy/           the final policy, loadable with `from_pretrained`

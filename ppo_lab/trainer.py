@@ -274,7 +274,7 @@ class PPOTrainer:
 
     # --- 5. one iteration: phases 1-4, then its log ------------------------------------------
     def iterate(self) -> dict[str, float]:
-        """One PPO iteration; returns its metrics (fixed names, see the README).
+        """One PPO iteration; returns its metrics (fixed names, the book's "Metrics" page).
 
         Non-finite rewards, log-probs or values skip the whole update; non-finite gradients skip
         that optimizer step. Either way a warning names the phase and the metric, and once

@@ -429,8 +429,8 @@ def test_sampled_bandit_gradients_average_to_the_exact_expectation(name):
     assert bool(((g.mean(0) - expected_gradient(name, P, 4)).abs() < 4 * se + 1e-12).all())
 
 
-def test_the_readme_preset_table_lists_each_presets_algorithm_fields():
-    """README, "Beyond PPO": one row per algorithm preset, naming exactly the fields its YAML sets
+def test_the_preset_table_lists_each_presets_algorithm_fields():
+    """book/guide_algorithms.md, "Beyond PPO": one row per algorithm preset, naming exactly the fields its YAML sets
     under its `# --- the algorithm ---` line, with their values."""
     import re
     from pathlib import Path
@@ -440,7 +440,7 @@ def test_the_readme_preset_table_lists_each_presets_algorithm_fields():
     from ppo_lab.config import ALGORITHM_PRESETS, PRESETS
 
     root = Path(__file__).resolve().parents[1]
-    section = (root / "README.md").read_text().split("## Beyond PPO", 1)[1].split("\n## ", 1)[0]
+    section = (root / "book" / "guide_algorithms.md").read_text().split("## Beyond PPO", 1)[1].split("\n## ", 1)[0]
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z_]+)` \| [^|]+ \| (.+) \|$", section, flags=re.M)}
     assert sorted(rows) == sorted(ALGORITHM_PRESETS)
     for name in ALGORITHM_PRESETS:

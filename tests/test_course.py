@@ -207,6 +207,17 @@ def test_skeleton_replaces_a_region_and_says_what_the_rest_uses():
     assert names_used_later(text.split("\n"), region) == ["z", "w"]
 
 
+def test_skeleton_cuts_several_assignments_at_once():
+    """The student edition of the book cuts every assignment of a file, each naming its own."""
+    text = "def f(x):\n    ### BEGIN SOLUTION a\n    return x\n    ### END SOLUTION\n\n\ndef g():\n    ### BEGIN SOLUTION b\n    return 1\n    ### END SOLUTION\n\n\ndef h():\n    ### BEGIN SOLUTION c\n    return 2\n    ### END SOLUTION\n"
+    out = skeleton(text, ["a", "b"])
+    assert "raise NotImplementedError(\"f: not written yet (assignment 'a')\")" in out
+    assert "raise NotImplementedError(\"g: not written yet (assignment 'b')\")" in out
+    assert "return x" not in out and "return 1" not in out
+    assert "def h():\n    return 2\n" in out and "SOLUTION" not in out  # c is not cut, only unmarked
+    assert skeleton(text, "a") == skeleton(text, ["a"])
+
+
 @pytest.mark.parametrize("text, problem", [
     ("def f():\n    ### BEGIN SOLUTION a\n    x = 1\n", "<source>:2: '### BEGIN SOLUTION' without an END"),
     ("def f():\n    x = 1\n    ### END SOLUTION\n", "<source>:3: '### END SOLUTION' without a BEGIN"),

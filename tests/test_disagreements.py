@@ -1,6 +1,6 @@
 """The other implementations' choices (ppo_lab.disagreements, Appendix A): each function against a
 slow reference, each `reproduce` switch end to end (evaluation and a checkpoint) with its effect,
-and the README's decisions table kept equal to `DECISIONS`."""
+and the decisions table of book/reference_decisions.md kept equal to `DECISIONS`."""
 
 import re
 from pathlib import Path
@@ -132,3 +132,11 @@ def test_each_other_choice_trains_evaluates_checkpoints_and_changes_what_it_shou
     if choice in ("gae-over-padding", "whiten-with-padding", "score-past-last"):
         assert (ro.mask.sum(-1) < ro.mask.shape[1]).any()  # some padding, or nothing could differ
         assert not torch.allclose(advantages[real], advantages0[real])
+
+
+def test_the_decisions_table_asks_exactly_the_questions_of_decisions():
+    """book/reference_decisions.md: one row per entry of `DECISIONS`, in order, its first column
+    the entry's question verbatim."""
+    page = (Path(__file__).resolve().parents[1] / "book" / "reference_decisions.md").read_text()
+    questions = re.findall(r"^\| ([^|]+?) \|", page, flags=re.M)
+    assert questions[0] == "question" and questions[1:] == [d.question for d in DECISIONS]

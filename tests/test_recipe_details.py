@@ -1,6 +1,6 @@
-"""The implementation details of the published RLHF recipes (README, "Details of the published
-recipes"): OpenAI 2019 (lm-human-preferences), N+ (TL;DR) and the 37 PPO details. Each test
-names the detail it backs."""
+"""The implementation details of the published RLHF recipes (book/guide_algorithms.md, "Details
+of the published recipes"): OpenAI 2019 (lm-human-preferences), N+ (TL;DR) and the 37 PPO
+details. Each test names the detail it backs."""
 
 import json
 from pathlib import Path

@@ -102,7 +102,7 @@ def test_bf16_autocast_keeps_fp32_master_weights_and_fp32_loss_math(tiny_path, t
 @pytest.mark.parametrize("critic", ["separate", "shared"])
 def test_torch_compile_runs_end_to_end_and_matches_eager_mode(tiny_path, tmp_path, monkeypatch, critic):
     # The "eager" backend traces the same graphs as inductor without generating code, so the
-    # wiring is tested in seconds (inductor's agreement with eager mode is in the README).
+    # wiring is tested in seconds (inductor's agreement with eager mode is in book/guide_scaling.md).
     monkeypatch.setattr("ppo_lab.build.COMPILE_BACKEND", "eager")
     cfg = small_config(tmp_path / "compiled", {
             "run.iterations": 2, "critic.design": critic, "memory.compile": True, "run.eval_interval": 1,

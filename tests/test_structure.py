@@ -1,4 +1,4 @@
-"""The package's layout rules, checked on its source (the README's "The library" describes them).
+"""The package's layout rules, checked on its source (book/guide_library.md describes them).
 
 The math modules are pure functions that never see a config; the trainer is the loop and
 nothing else, so it stays short and no other module reaches into it; every module is listed in

@@ -1,4 +1,4 @@
-"""The student edition (`make student-book`) builds with -W and holds no exercise solution.
+"""The student edition (`make student-book`) builds with -W and holds no exercise or assignment solution.
 
 book/_scripts/student_edition.py runs once, into a scratch folder (seconds: it executes nothing).
 The solutions are read here from the .md sources with a parser of this file's own, so that a
@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "book" / "_scripts"))
 
 import twins  # noqa: E402
+
+from ppo_lab.course import ASSIGNMENTS  # noqa: E402
+from ppo_lab.course.regions import regions_in_package, skeleton  # noqa: E402
 
 CHAPTERS = twins.chapters()
 # a directive's body ends at the first line holding its fence alone (nested code uses a shorter one)
@@ -173,6 +176,46 @@ def test_no_solution_text_anywhere(edition):
         if hits:
             leaks[str(path.relative_to(out))] = hits[:3]
     assert not leaks, leaks
+
+
+def assignment_needles() -> dict[str, list[str]]:
+    """Assignment -> the distinctive lines of its solution regions in ppo_lab's source: code lines
+    that appear nowhere a student may look (the pages, and the package as the students receive it)."""
+    allowed = [p.read_text() for p in (ROOT / "book").glob("*.md") if p not in CHAPTERS]
+    for md in CHAPTERS:
+        nb = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
+        allowed += [cut(c.source) if c.cell_type == "markdown" else c.source for c, check in zip(nb.cells, checks(nb)) if not check]
+    needles: dict[str, list[str]] = {}
+    for path, found in regions_in_package(ROOT / "ppo_lab").items():
+        text = (ROOT / "ppo_lab" / path).read_text()
+        allowed.append(skeleton(text, {r.assignment for r in found}))
+        lines = text.split("\n")
+        for region in found:
+            needles.setdefault(region.assignment, []).extend(line.strip() for line in lines[region.begin + 1 : region.end])
+    allowed_text = normal("\n".join(allowed))
+    return {name: [n for n in found if len(n) >= 20 and not n.startswith("#") and normal(n) not in allowed_text]
+            for name, found in needles.items()}
+
+
+def test_no_assignment_solution_anywhere(edition):
+    """Where a chapter lists a function that an assignment asks for, the student edition shows the
+    skeleton the students receive (signature, docstring, checks), not the solution."""
+    out, _ = edition
+    needles = assignment_needles()
+    # every assignment yields some, so the search below cannot pass for lack of anything to look for
+    assert set(needles) == {a.name for a in ASSIGNMENTS} and all(len(v) >= 2 for v in needles.values()), {k: len(v) for k, v in needles.items()}
+    files = [p for p in out.rglob("*") if p.suffix in (".html", ".ipynb", ".js", ".md", ".txt") and "_static" not in p.parts]
+    leaks = {}
+    for path in files:
+        text = normal(served_text(path))
+        hits = [n for found in needles.values() for n in found if normal(n) in text]
+        if hits:
+            leaks[str(path.relative_to(out))] = hits[:3]
+    assert not leaks, leaks
+    # and the skeletons are what the chapters show in their place
+    shown = normal(served_text(out / "html" / "book" / "ch07_ppo_trainer.html"))
+    assert "ppo_update: not written yet (assignment 'ppo_update')" in shown
+    assert "Assignment 'ppo_update': write this part of ppo_update." in shown
 
 
 def test_no_solution_markup_in_the_html(edition):

@@ -72,12 +72,13 @@ def test_lora_dropout_is_switched_off_so_the_first_step_is_on_policy(tiny_path, 
     assert metrics["policy/approx_kl"].item() < 1e-9 and abs(metrics["policy/ratio_max"].item() - 1.0) < 1e-5
 
 
-def _readme_metric_names():
+def _reference_metric_names():
+    """The names in the first column of the metrics table, book/reference_metrics.md."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    table = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    text = (Path(__file__).resolve().parents[1] / "book" / "reference_metrics.md").read_text()
+    table = text.split("# Metrics", 1)[1].split("\n## ", 1)[0]
     names = set()
     for line in table.splitlines():
         if line.startswith("| `"):
@@ -85,7 +86,7 @@ def _readme_metric_names():
     return names
 
 
-def test_the_readme_metric_table_lists_exactly_the_emitted_keys(tiny_path, tmp_path):
+def test_the_metric_table_lists_exactly_the_emitted_keys(tiny_path, tmp_path):
     import fnmatch
 
     from test_scale import _emulate_fp16_loss_scaling
@@ -108,7 +109,7 @@ def test_the_readme_metric_table_lists_exactly_the_emitted_keys(tiny_path, tmp_p
     fp16 = PPOTrainer(small_config(tmp_path / "fp16", {"run.iterations": 1}))
     _emulate_fp16_loss_scaling(fp16, torch.amp.GradScaler("cpu"))
     keys |= set(fp16.iterate())
-    names = _readme_metric_names()
+    names = _reference_metric_names()
     undocumented = sorted(k for k in keys if not any(fnmatch.fnmatch(k, n) for n in names))
     never_emitted = sorted(n for n in names if not any(fnmatch.fnmatch(k, n) for k in keys))
     assert undocumented == [] and never_emitted == []
@@ -202,9 +203,9 @@ def test_value_warmup_runs_no_policy_forward_in_its_update(tiny_path, tmp_path):
     assert calls
 
 
-def test_the_metrics_guide_lists_exactly_the_readme_metrics():
-    """Appendix B's tables name every metric of the README's table (which the test above keeps
-    equal to the emitted keys) once, and nothing else."""
+def test_the_metrics_guide_lists_exactly_the_reference_metrics():
+    """Appendix B's tables name every metric of the table in book/reference_metrics.md (which the
+    test above keeps equal to the emitted keys) once, and nothing else."""
     import fnmatch
     import re
     from pathlib import Path
@@ -212,6 +213,6 @@ def test_the_metrics_guide_lists_exactly_the_readme_metrics():
     page = (Path(__file__).resolve().parents[1] / "book" / "appendix_b_metrics.md").read_text()
     listed = [re.match(r"\| `([^`]+)`", line).group(1) for line in page.splitlines() if re.match(r"\| `[a-z]", line)]
     assert len(listed) == len(set(listed)), sorted(k for k in listed if listed.count(k) > 1)
-    names = _readme_metric_names()
+    names = _reference_metric_names()
     assert sorted(k for k in listed if not any(fnmatch.fnmatch(k, n) for n in names)) == []
     assert sorted(n for n in names if not any(fnmatch.fnmatch(k, n) for k in listed)) == []

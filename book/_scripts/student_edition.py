@@ -4,7 +4,9 @@
 
 writes
 
-    OUTDIR/html/        the book, built with -W -n like the regular one, every `{solution}` left out
+    OUTDIR/html/        the book, built with -W -n like the regular one, every `{solution}` left out,
+                        and the course's assignments shown as skeletons where a chapter lists
+                        their functions
     OUTDIR/notebooks/   the chapters' .ipynb twins for students, solutions and their checks left out
 
 No chapter is executed: the twins (`book/*.ipynb`, see twins.py) hold every output, so the book is
@@ -37,6 +39,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import twins  # noqa: E402
+
+from ppo_lab.course.regions import regions_in_package, skeleton  # noqa: E402
 
 ROOT = twins.ROOT
 COPIED = ["_toc.yml", "book/references.bib"]  # besides _static, ppo_lab and the plain pages
@@ -127,9 +131,13 @@ def write_tree(tree: Path) -> None:
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, tree / name)
     shutil.copytree(ROOT / "_static", tree / "_static")
-    # the chapters' {literalinclude} ../ppo_lab/*.py show the package's own source
+    # the chapters' {literalinclude} ../ppo_lab/*.py show the package's own source: here the
+    # assignments' skeletons, as the students receive them, not the solutions
     shutil.copytree(ROOT / "ppo_lab", tree / "ppo_lab", ignore=shutil.ignore_patterns("__pycache__"))
-    for folder in (cfg["sphinx"].get("local_extensions") or {}).values():  # the book's own Sphinx extensions
+    for path, found in regions_in_package(tree / "ppo_lab").items():
+        file = tree / "ppo_lab" / path
+        file.write_text(skeleton(file.read_text(), {r.assignment for r in found}, str(file)))
+    for folder in sorted(set((cfg["sphinx"].get("local_extensions") or {}).values())):  # the book's own Sphinx extensions
         shutil.copytree(ROOT / folder, tree / folder, ignore=shutil.ignore_patterns("__pycache__"))
     chapters = twins.chapters()
     for md in (ROOT / "book").glob("*.md"):

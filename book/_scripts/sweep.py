@@ -16,7 +16,7 @@ seeds so, and three of them once more under `ATEN_CPU_CAPABILITY=default` with 2
 (another instruction set and another reduction order: another machine in miniature). Each run appends one JSON line to FILE; a (page, seed,
 threads, aten) already in FILE for the same version of the page (a hash of its code cells) is not
 run again, so an interrupted sweep resumes and an edited page is run afresh. `table` writes
-the markdown table the README links: every check, the runs it passed, the seeds where it did not.
+the markdown table the README and the book's project page link: every check, the runs it passed, the seeds where it did not.
 
 A page is executed cell by cell with `exec` in one namespace in a fresh Python process (the
 check cells need no Jupyter kernel, so the sweep also runs where Jupyter is not installed); its

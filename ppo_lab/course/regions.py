@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import keyword
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,9 +108,11 @@ def names_used_later(lines: list[str], region: Region) -> list[str]:
     return [name for name in assigned if name in later]
 
 
-def skeleton(text: str, assignment: str, where: str = "<source>") -> str:
-    """The student's version of a file: `assignment`'s regions replaced by a NotImplementedError,
-    the markers of the other assignments' regions removed (their code kept)."""
+def skeleton(text: str, assignment: str | Collection[str], where: str = "<source>") -> str:
+    """The student's version of a file: the regions of `assignment` (a name, or several) replaced
+    by a NotImplementedError, the markers of the other assignments' regions removed (their code
+    kept). The student edition of the book cuts every assignment at once."""
+    wanted = {assignment} if isinstance(assignment, str) else set(assignment)
     lines = text.split("\n")
     cut = {r.begin: r for r in find_regions(text, where)}
     out = []
@@ -121,12 +124,12 @@ def skeleton(text: str, assignment: str, where: str = "<source>") -> str:
                 out.append(lines[i])
             i += 1
             continue
-        if region.assignment == assignment:
-            later = names_used_later(lines, region)
-            out.append(f"{region.indent}# Assignment '{assignment}': write this part of {region.function}.")
+        if region.assignment in wanted:
+            later, name = names_used_later(lines, region), region.assignment
+            out.append(f"{region.indent}# Assignment '{name}': write this part of {region.function}.")
             if later:
                 out.append(f"{region.indent}# The rest of the function uses: {', '.join(later)}.")
-            out.append(f'{region.indent}raise NotImplementedError("{region.function}: not written yet (assignment \'{assignment}\')")')
+            out.append(f'{region.indent}raise NotImplementedError("{region.function}: not written yet (assignment \'{name}\')")')
             i = region.end + 1
         else:
             i += 1  # drop the BEGIN marker, keep the code; the END marker is dropped above
