@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import re
 import sys
 from pathlib import Path
@@ -44,13 +45,16 @@ TENSOR_FILL, FUNCTION_FILL = "white", "#eeeeee"
 
 
 def _ppo_lab():
-    """The ppo_lab beside the book (this repository's), not another installed copy."""
-    if "ppo_lab" not in sys.modules and (ROOT / "ppo_lab" / "__init__.py").exists():
-        sys.path.insert(0, str(ROOT))
+    """The ppo_lab beside the book (this repository's), not another installed copy; or the one
+    under $PPO_LAB_SOURCE_ROOT, which the student edition sets, since the copy beside its scratch
+    book holds the assignments' skeletons."""
+    root = Path(os.environ.get("PPO_LAB_SOURCE_ROOT") or ROOT)
+    if "ppo_lab" not in sys.modules and (root / "ppo_lab" / "__init__.py").exists():
+        sys.path.insert(0, str(root))
         try:
             import ppo_lab  # noqa: F401
         finally:
-            sys.path.remove(str(ROOT))
+            sys.path.remove(str(root))
     import ppo_lab
 
     return ppo_lab

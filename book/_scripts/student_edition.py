@@ -27,6 +27,7 @@ files (`_sources/`) are replaced by the student notebooks, which lack the checks
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -161,7 +162,9 @@ def build(outdir: Path) -> int:
         tree = Path(tmp)
         write_tree(tree)
         jb = Path(sys.executable).with_name("jupyter-book")
-        proc = subprocess.run([str(jb), "build", str(tree), "-W", "-n", "--keep-going"])
+        # the concept diagrams compute with the package itself, not with the skeletons beside the tree
+        env = dict(os.environ, PPO_LAB_SOURCE_ROOT=str(ROOT))
+        proc = subprocess.run([str(jb), "build", str(tree), "-W", "-n", "--keep-going"], env=env)
         if proc.returncode != 0:
             return proc.returncode
         shutil.copytree(tree / "_build" / "html", html)
