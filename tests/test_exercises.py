@@ -6,10 +6,12 @@ The pages are read as text (no build, no torch): a change of level, a new exerci
 with exercises fails here until appendix D says so too."""
 
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_scripts"))
+import twins  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APPENDIX_D = ROOT / "book" / "appendix_d_instructors.md"
@@ -22,23 +24,6 @@ LEVEL = re.compile(rf"^ (?P<stars>{STAR}+)(?: +\S.*)?$")
 # appendix D: a row of the count table, and an exercise of the week plan with its stars
 COUNT_ROW = re.compile(r"^\| (?:\{doc\}`(?P<page>[^`]+)`|(?P<all>all)) \|(?P<counts>(?: *\d+ *\|){4})\s*$", re.M)
 PLANNED = re.compile(rf"\{{ref\}}`(?P<label>[^`]+)`(?: (?P<stars>{STAR}+))?")
-
-
-def toc_pages() -> list[Path]:
-    """The markdown pages listed in _toc.yml, in order: the pages that are built."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-
-    def walk(entries):
-        for entry in entries or []:
-            if "file" in entry:
-                files.append(entry["file"])
-            walk(entry.get("sections"))
-            walk(entry.get("chapters"))
-
-    walk(toc.get("parts"))
-    walk(toc.get("chapters"))
-    return [ROOT / f"{name}.md" for name in files]
 
 
 def exercises(page: Path) -> list[dict]:
@@ -63,7 +48,7 @@ def exercises(page: Path) -> list[dict]:
     return found
 
 
-PAGES = {page: exercises(page) for page in toc_pages()}
+PAGES = {page: exercises(page) for page in twins.toc_pages()}
 BY_LABEL = {e["label"]: e for found in PAGES.values() for e in found if e["label"]}
 
 

@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 INSTALL_TAG = "ppo-lab-install"
 
 
-def chapters() -> list[Path]:
-    """The executable chapters listed in _toc.yml, in order (markdown files with a kernel)."""
+def toc_pages() -> list[Path]:
+    """Every markdown page listed in _toc.yml, in order: the pages that are built."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     files = [toc["root"]]
 
@@ -55,9 +55,13 @@ def chapters() -> list[Path]:
 
     walk(toc.get("parts"))
     walk(toc.get("chapters"))
+    return [ROOT / f"{name}.md" for name in files]
+
+
+def chapters() -> list[Path]:
+    """The executable chapters listed in _toc.yml, in order (markdown files with a kernel)."""
     out = []
-    for name in files:
-        path = ROOT / f"{name}.md"
+    for path in toc_pages():
         text = path.read_text() if path.exists() else ""
         if text.startswith("---") and "kernelspec:" in text.split("---", 2)[1]:
             out.append(path)
