@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 import concept_diagrams  # noqa: E402
 
 FIGURE = re.compile(r"^(`{3,}|:{3,})\{figure\}\s+(?P<path>\S+)", re.M)
-CHAPTERS = {"rlhf_loop": "ch01_", "gae_recursion": "ch04_", "kl_placement": "ch05_", "clip_regions": "ch06_", "chapter_map": "ppo_in_one_screen"}
+CHAPTERS = {"rlhf_loop": "ch01_", "reinforce_flow": "ch02_", "trainer_iteration": "ch07_", "score_placement": "appendix_a_", "gae_recursion": "ch04_", "kl_placement": "ch05_", "clip_regions": "ch06_", "chapter_map": "ppo_in_one_screen"}
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -116,3 +116,39 @@ def test_the_build_draws_the_diagrams_into_the_folder_the_pages_read_and_git_ign
     assert config["sphinx"]["local_extensions"]["concept_diagrams"] == "book/_ext"
     assert concept_diagrams.OUTDIR == ROOT / "book" / "_diagrams"
     assert "book/_diagrams/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def words_before_first_figure_or_output(md: Path) -> int:
+    """Words of prose a reader meets before a page's first figure or first shown output: its
+    markdown read up to a `{figure}` or to a code cell whose output the book shows (the outputs
+    are those of the page's executed twin, `.ipynb`; a cell the book hides does not count)."""
+    import jupytext
+    import nbformat
+
+    twin = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
+    outputs = [c.outputs for c in twin.cells if c.cell_type == "code" and "ppo-lab-install" not in c.metadata.get("tags", [])]
+    source = jupytext.read(md)
+    words, k = 0, 0
+    for cell in source.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if FIGURE.match(line):
+                    return words
+                words += len(line.split())
+        elif cell.cell_type == "code":
+            tags = cell.metadata.get("tags", [])
+            shown = [o for o in outputs[k] if o.get("output_type") in ("stream", "display_data", "execute_result")]
+            if shown and not {"remove-cell", "remove-output", "hide-output"} & set(tags):
+                return words
+            k += 1
+    raise AssertionError(f"{md.name} shows no figure and no output")
+
+
+def test_every_executed_page_shows_a_figure_or_an_output_within_its_first_400_words():
+    sys.path.insert(0, str(ROOT / "book" / "_scripts"))
+    from twins import chapters
+
+    pages = chapters()
+    assert len(pages) >= 14, pages  # the opening page, chapters 1-10, appendices A-C
+    counts = {md.name: words_before_first_figure_or_output(md) for md in pages}
+    assert {name: n for name, n in counts.items() if n > 400} == {}, counts

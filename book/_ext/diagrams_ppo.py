@@ -7,10 +7,13 @@ function name and setting printed is looked up in the package first (a renamed o
 build with its name). One function per diagram, each returning a matplotlib Figure:
 
     rlhf_loop        chapter 1  the four models, the tensors between them and the update
+    reinforce_flow   chapter 2  REINFORCE: sampled responses, their scores, and the gradient each token gets
     gae_recursion    chapter 4  GAE's backward pass over one padded response
     kl_placement     chapter 5  the KL penalty in the reward or in the loss (`kl.placement`)
     clip_regions     chapter 6  PPO-clip's objective against the ratio, and where the gradient is cut
+    trainer_iteration chapter 7 one iteration of PPOTrainer: its phases, its optimizer steps, one step
     chapter_map      opening    the chapters and what each builds on
+    score_placement  appendix A which token receives the sequence score, in each implementation
 """
 
 from __future__ import annotations
@@ -115,6 +118,75 @@ def rlhf_loop() -> Figure:
         ax.add_patch(FancyBboxPatch((x, y - 1.2), 3.0, 2.4, boxstyle="round,pad=0,rounding_size=0.4", fc=fill, ec=INK, lw=0.8))
         ax.text(x + 4.0, y, label, va="center", fontsize=FONT, color=INK, gid=f"legend:{label}")
         x += 4.0 + 0.75 * len(label) + 3.0
+    return fig
+
+
+# --- chapter 2: REINFORCE, where the gradient flows ------------------------------------------
+
+
+def reinforce_flow() -> Figure:
+    """Four sampled responses to one prompt, their sentiment scores (the task's reward function),
+    the weights Psi = R - b with the batch-mean baseline, and the gradient that autograd sends to
+    each sampled token's log-probability through `reinforce_loss`: Psi / B on every real token of a
+    response, nothing on padding, and nothing through the reward or the sampling."""
+    import torch
+
+    ppo_lab = ppo_lab_package()
+    require_arguments(ppo_lab.reinforce_loss, "logprobs", "weights", "mask")
+    prompt = "the pizza was"
+    responses = [["great", "."], ["so", "dull", "."], ["nice", "and", "hot", "."], ["terrible", "."]]
+    B, T = len(responses), max(len(r) for r in responses)
+    scores = torch.tensor(ppo_lab.get_task("sentiment").reward([prompt] * B, [" ".join(r) for r in responses]), dtype=torch.float64)
+    baseline = scores.mean()
+    psi = scores - baseline
+    mask = torch.tensor([[1.0] * len(r) + [0.0] * (T - len(r)) for r in responses], dtype=torch.float64)
+    logprobs = torch.full((B, T), -1.0, dtype=torch.float64, requires_grad=True)  # any values: the gradient does not depend on them
+    loss = ppo_lab.reinforce_loss(logprobs, psi[:, None].expand(B, T) * mask, mask)
+    loss.backward()
+    push = -logprobs.grad  # the direction a gradient step moves each log-probability
+    require(torch.allclose(push, psi[:, None] / B * mask), "reinforce_loss's gradient is not Psi / B on the real tokens")
+
+    fig, ax, top = canvas(10.0, 4.5)
+    ax.text(1.0, top - 2.6, "$\\mathcal{L}(\\theta) = -\\frac{1}{B} \\sum_i \\sum_t \\log \\pi_\\theta(a_{i,t} \\mid s_{i,t})\\; \\mathrm{sg}[\\Psi_i]$"
+            f"      $\\Psi_i = R(x, y_i) - b$, $b$ = the batch's mean score = {baseline.item():+.3f},  $B$ = {B}",
+            ha="left", va="center", fontsize=FONT + 1, color=INK, gid="formula")
+    cw, ch, y0 = 7.6, 5.2, top - 13.5  # token cells
+    xt = 20.0
+    rows = [y0 - i * (ch + 2.2) for i in range(B)]
+    from ppo_lab.plotting import TRAINED_COLOR
+
+    mid = (rows[0] + rows[-1] + ch) / 2
+    box(ax, 1.0, mid - 5.0, 13.0, 10.0, "policy $\\pi_\\theta$\n\nprompt\n\"" + prompt + "\"", fill=TRAINED_COLOR, gid="policy")
+    ax.text(xt, y0 + ch + 1.2, "sampled tokens $a_{i,t}$ (padding hatched)", ha="left", va="bottom", fontsize=FONT, color=GREY, gid="head:tokens")
+    xr, wr = xt + T * cw + 3.5, 11.5  # the reward function
+    xs, xp, xg, wc = xr + wr + 2.5, xr + wr + 12.5, xr + wr + 23.0, 9.0
+    for x, label, gid in ((xs + wc / 2, "score $R$", "head:R"), (xp + wc / 2, "$\\Psi = R - b$", "head:psi"), (xg + wc / 2, "$-\\partial\\mathcal{L} / \\partial \\log\\pi$", "head:grad")):
+        ax.text(x, y0 + ch + 1.2, label, ha="center", va="bottom", fontsize=FONT, color=INK, gid=gid)
+    for i, (y, tokens) in enumerate(zip(rows, responses)):
+        arrow(ax, (14.0, mid), (xt - 0.3, y + ch / 2), color=GREY, lw=1.0, ls="--")
+        for t in range(T):
+            real = t < len(tokens)
+            g = push[i, t].item()
+            fill = ("#d4e6f5" if g > 0 else "#f3d9e8") if real else PAD
+            ax.add_patch(Rectangle((xt + t * cw, y), cw, ch, fc=fill, ec="0.6", lw=0.8, hatch=None if real else "///"))
+            if real:
+                ax.text(xt + (t + 0.5) * cw, y + ch / 2, tokens[t], ha="center", va="center", fontsize=FONT, family="monospace", color=INK, gid=f"tok:{i}:{t}")
+        arrow(ax, (xt + T * cw, y + ch / 2), (xr, y + ch / 2), color=INK, lw=1.0)
+        for x, value, gid in ((xs, scores[i], "R"), (xp, psi[i], "psi"), (xg, push[i, 0], "grad")):
+            ax.add_patch(Rectangle((x, y), wc, ch, fc="white", ec="0.6", lw=0.8))
+            ax.text(x + wc / 2, y + ch / 2, f"{value.item():+.3f}", ha="center", va="center", fontsize=FONT, family="monospace", color=INK, gid=f"{gid}:{i}")
+        arrow(ax, (xr + wr, y + ch / 2), (xs, y + ch / 2), color=INK, lw=1.0)
+    ax.add_patch(Rectangle((xr, rows[-1]), wr, rows[0] + ch - rows[-1], fc="white", ec=GREY, lw=1.0, hatch="..", zorder=1))
+    ax.text(xr + wr / 2, mid, "$R(x, y)$\nsentiment\nlexicon:\nno gradient", ha="center", va="center", fontsize=FONT, color=INK,
+            bbox=dict(fc="white", ec="none", pad=1.0), zorder=3, gid="reward")
+    ax.text(13.8, rows[-1] - 1.2, "sampling: no gradient", ha="left", va="top", fontsize=FONT, color=GREY, style="italic", gid="note:sampling")
+    # the backward pass: from the loss, through the log-probs of the sampled tokens, into the policy
+    yb = rows[-1] - 5.8
+    polyline(ax, [(xg + wc / 2, rows[-1]), (xg + wc / 2, yb), (7.25, yb), (7.25, mid - 5.0)], color=VERMILION, lw=1.6)
+    ax.text(xr + 1.0, yb + 0.7, "backward: $-\\partial\\mathcal{L} / \\partial \\log\\pi_\\theta(a_{i,t})$ = $\\Psi_i / B$ on every real token of response $i$",
+            ha="right", va="bottom", fontsize=FONT, color=VERMILION, gid="note:backward")
+    ax.text(1.0, yb - 1.4, "blue: made more likely by the step; purple: less likely. The reward is only a number that weights the score function.",
+            ha="left", va="top", fontsize=FONT, color=INK, gid="note:colours")
     return fig
 
 
@@ -381,6 +453,168 @@ def clip_regions() -> Figure:
     return fig
 
 
+# --- chapter 7: one iteration of the trainer ------------------------------------------------
+
+
+def trainer_iteration() -> Figure:
+    """One call of `PPOTrainer.iterate` with the config's defaults: its phases, the grid of
+    optimizer steps of the update (epochs x minibatches), and one optimizer step of
+    `OptimizerStep.step`; what the trainer adds to `ppo_update` has a vermilion border. The
+    counts and settings are the config's defaults, the method names the package's."""
+    ppo_lab_package()
+    from ppo_lab.config_groups import Batch, Kl, Optim, Run
+    from ppo_lab.objective import Objective
+    from ppo_lab.optimizer_step import OptimizerStep
+    from ppo_lab.trainer import PPOTrainer
+
+    for cls, names in ((PPOTrainer, ("iterate", "collect", "advantages", "update", "minibatch_loss")), (Objective, ("advantages",)),
+                       (OptimizerStep, ("step", "backward", "clip_gradients"))):
+        for name in names:
+            require(hasattr(cls, name), f"{cls.__name__} has no method {name!r}, which trainer_iteration draws")
+    rollout, minibatch, epochs, accumulation = (setting(Batch, n).default for n in ("rollout", "minibatch", "epochs", "accumulation_steps"))
+    max_norm, early_kl, lr, schedule = (setting(Optim, n).default for n in ("max_grad_norm", "early_stop_kl", "lr", "schedule"))
+    control, max_bad = setting(Kl, "control").default, setting(Run, "max_bad_updates").default
+    per_epoch = rollout // minibatch
+    require(rollout % minibatch == 0, "the default batch.minibatch does not divide batch.rollout")
+
+    fig, ax, top = canvas(10.0, 6.0)
+    added = dict(edge=VERMILION, lw=1.6)
+    ax.text(1.0, top - 2.2, "One iteration of PPOTrainer.iterate, with the default settings", ha="left", va="center",
+            fontsize=FONT + 1, weight="bold", color=INK)
+    ax.text(99.0, top - 2.2, "vermilion border: what the trainer adds to ppo_update", ha="right", va="center", fontsize=FONT, color=VERMILION)
+    # the phases of one iteration, steps 1 to 5 of the chapter's box
+    h, y, w, gap = 11.0, top - 17.5, 23.0, 2.0
+    phases = [
+        ("1  roll out", "PPOTrainer.collect", f"sample {rollout} responses, score\nthem with every model"),
+        ("2-3  advantages", "Objective.advantages", "shape_rewards, compute_gae,\nwhiten"),
+        ("4  update", "PPOTrainer.update", f"{epochs} epochs x {per_epoch} minibatches\n= {epochs * per_epoch} optimizer steps"),
+        ("5  KL controller", f'kl.control = "{control}"', "update $\\beta$ from the\nmeasured KL"),
+    ]
+    xs = [1.0 + i * (w + gap) for i in range(len(phases))]
+    for x, (title, name, what) in zip(xs, phases):
+        box(ax, x, y, w, h, "")
+        ax.text(x + 1.0, y + h - 1.2, title, ha="left", va="top", fontsize=FONT, weight="bold", color=INK)
+        ax.text(x + 1.0, y + h - 3.9, name, ha="left", va="top", fontsize=FONT, family="monospace", color=GREY)
+        ax.text(x + 1.0, y + 0.9, what, ha="left", va="bottom", fontsize=FONT, color=INK, linespacing=1.2)
+    for a, b in zip(xs, xs[1:]):
+        arrow(ax, (a + w, y + h / 2), (b, y + h / 2))
+    tag_h = 5.4
+    box(ax, xs[0], y - tag_h - 1.2, w, tag_h, f"not finite? skip the update\n(stop the run after {max_bad})", **added)
+    box(ax, xs[3], y - tag_h - 1.2, w, tag_h, "metrics: one read-back\nfrom the device", **added)
+    # the update: a grid of optimizer steps
+    gx, cw, ch = 1.0, 6.4, 4.3
+    g0 = gx + 11.0
+    head = 27.0
+    gy = head - 0.8 - epochs * ch
+    ax.text(gx, head + 2.9, f"{epochs} epochs (batch.epochs), each a fresh shuffle", ha="left", va="bottom", fontsize=FONT, color=INK)
+    ax.text(gx, head + 0.4, f"into minibatches of {minibatch} (batch.minibatch)", ha="left", va="bottom", fontsize=FONT, color=INK)
+    for e in range(epochs):
+        yy = gy + (epochs - 1 - e) * ch
+        ax.text(gx, yy + ch / 2, f"epoch {e + 1}", ha="left", va="center", fontsize=FONT, color=GREY)
+        for m in range(per_epoch):
+            ax.add_patch(Rectangle((g0 + m * cw, yy + 0.3), cw - 0.6, ch - 0.6, fc="#fbe3cc", ec="0.6", lw=0.8))
+            ax.text(g0 + m * cw + (cw - 0.6) / 2, yy + ch / 2, str(e * per_epoch + m + 1), ha="center", va="center", fontsize=FONT, color=INK)
+    grid_right = g0 + per_epoch * cw
+    ux = xs[2] + w / 2
+    polyline(ax, [(ux, y), (ux, y - 3.2), ((gx + grid_right) / 2 + 6.0, y - 3.2), ((gx + grid_right) / 2 + 6.0, head + 5.4)],
+             color=GREY, lw=1.0, ls="--")
+    box(ax, gx, gy - 6.0, grid_right - gx + 8.0, 4.4, f"early stop: policy/approx_kl > {early_kl:g} before a step\nends the update (optim.early_stop_kl)",
+        **added)
+    # one optimizer step, for each cell of the grid
+    sx, sw = grid_right + 11.0, 99.0 - grid_right - 11.0
+    steps = [
+        (f"{accumulation} micro-batch{'es' if accumulation > 1 else ''} (batch.accumulation_steps):\nforward, minibatch_loss, backward", added),
+        ("gradients averaged over the processes (DDP)", added),
+        (f"not finite? skip this step (stop the run after {max_bad})", added),
+        (f"clip the gradient norm to {max_norm:g} (optim.max_grad_norm)", added),
+        (f"one AdamW step, lr = {lr:g} (optim.lr)", {}),
+        (f'learning-rate schedule "{schedule}" (optim.schedule)', added),
+    ]
+    ax.text(sx, head + 0.4, "each optimizer step (OptimizerStep.step):", ha="left", va="bottom", fontsize=FONT, color=INK)
+    sh, sgap, yy = 3.1, 0.7, head
+    for i, (text, style) in enumerate(steps):
+        hh = sh * (1.5 if "\n" in text else 1.0)
+        yy -= hh + (sgap if i else 0.3)
+        box(ax, sx, yy, sw, hh, text, fill="white" if style else FUNCTION_FILL, **style)
+        if i:
+            arrow(ax, (sx + 3.0, yy + hh + sgap), (sx + 3.0, yy + hh))
+    arrow(ax, (grid_right + 0.3, gy + epochs * ch / 2), (sx - 0.3, gy + epochs * ch / 2), color=GREY, lw=1.0, ls="--")
+    return fig
+
+
+# --- appendix A: which token receives the score ----------------------------------------------
+
+
+def score_placement() -> Figure:
+    """One padded response and the token that receives the sequence score under each
+    implementation's choice: the rewards are `shape_rewards`' (the KL left out), TRL's and
+    DeepSpeed-Chat's move is `disagreements.score_past_last`, AlpacaFarm's mask is the one a
+    `!= pad` test gives when the pad token is the EOS token; the first token's advantage is
+    `compute_gae`'s, and that of a recursion over padding `disagreements.gae_over_padding`'s
+    (gamma = lambda = 1, values 0)."""
+    import torch
+
+    ppo_lab = ppo_lab_package()
+    from ppo_lab import disagreements
+
+    require_arguments(disagreements.score_past_last, "rewards", "scores", "mask")
+    require_arguments(disagreements.gae_over_padding, "rewards", "values", "mask")
+    tokens = ["so", "good", ".", "<eos>", "<pad>", "<pad>"]
+    eos, pad = 9, 0
+    ids = torch.tensor([[3, 4, 5, eos, pad, pad]])
+    T = ids.shape[1]
+    score = torch.tensor([1.0])
+    zeros = torch.zeros(1, T)
+    mask = ppo_lab.response_mask(ids, eos)  # up to and including the first EOS
+    ours = ppo_lab.shape_rewards(score, zeros, zeros, mask, kl_coef=0.0)
+    past = disagreements.score_past_last(ours, score, mask)
+    same = ids.masked_fill(mask == 0, eos)  # the same response when the pad token is the EOS token
+    early_mask = (same != eos).float()  # "not padding" by a test against the pad token
+    early = ppo_lab.shape_rewards(score, zeros, zeros, early_mask, kl_coef=0.0)
+
+    def first_advantage(rewards, m, over_padding=False):
+        gae = disagreements.gae_over_padding if over_padding else ppo_lab.compute_gae
+        return gae(rewards, zeros, m, 1.0, 1.0)[0][0, 0].item()
+
+    rows = [
+        ("ppo_lab, verl, OpenRLHF", "the last real token, from the mask", ours, mask,
+         f"{first_advantage(ours, mask):.2f}: the score reaches every token"),
+        ("TRL, DeepSpeed-Chat", "one past the last non-pad token", past, mask,
+         f"{first_advantage(past, mask):.2f} with compute_gae: the score is lost\n"
+         f"{first_advantage(past, mask, True):.2f} with their GAE over padding"),
+        ("AlpacaFarm, pad == eos", "the EOS counts as padding: one early", early, early_mask,
+         f"{first_advantage(early, early_mask):.2f}, but the EOS token itself\nis outside the mask"),
+    ]
+    where = [int(torch.nonzero(r[2][0]).flatten()[0]) for r in rows]
+    require(where == [3, 4, 2], f"the score lands on tokens {where}, not the last real one, one past it and one before it")
+
+    fig, ax, top = canvas(10.0, 3.8)
+    lx, x0, cw, ch = 1.0, 31.0, 5.6, 4.8
+    ax.text(lx, top - 2.2, "Which token receives the sequence score $R$", ha="left", va="center", fontsize=FONT + 1, weight="bold", color=INK)
+    y_head = top - 7.5
+    for t, tok in enumerate(tokens):
+        ax.text(x0 + (t + 0.5) * cw, y_head, tok, ha="center", va="center", fontsize=FONT, family="monospace", color=INK if mask[0, t] else GREY)
+    xn = x0 + T * cw + 2.0
+    ax.text(xn, y_head, "advantage of the first token", ha="left", va="center", fontsize=FONT, color=INK)
+    for i, (who, rule, rewards, m, note) in enumerate(rows):
+        y = y_head - 3.0 - ch - i * (ch + 2.6)
+        ax.text(lx, y + ch / 2 + 1.2, who, ha="left", va="center", fontsize=FONT, weight="bold", color=INK)
+        ax.text(lx, y + ch / 2 - 1.3, rule, ha="left", va="center", fontsize=FONT, color=GREY)
+        for t in range(T):
+            real = bool(m[0, t])
+            hit = rewards[0, t].item() != 0.0
+            fill = "#fbe3cc" if hit else ("white" if real else PAD)
+            ax.add_patch(Rectangle((x0 + t * cw, y), cw, ch, fc=fill, ec=VERMILION if hit else "0.6", lw=1.6 if hit else 0.8,
+                                   hatch=None if real else "///"))
+            if hit:
+                ax.text(x0 + (t + 0.5) * cw, y + ch / 2, "$R$", ha="center", va="center", fontsize=FONT, color=INK,
+                        bbox=None if real else dict(fc="#fbe3cc", ec="none", pad=0.5))
+        ax.text(xn, y + ch / 2, note, ha="left", va="center", fontsize=FONT, color=INK, linespacing=1.3)
+    ax.text(lx, 0.8, "Hatched: outside the implementation's mask. compute_gae and the losses read only the positions inside it.",
+            ha="left", va="bottom", fontsize=FONT, color=GREY)
+    return fig
+
+
 # --- the opening page: the map of the chapters ------------------------------------------------
 
 # What each chapter builds on, beyond the one before it (chapters 1 to 7 are a chain). Appendix D
@@ -453,5 +687,6 @@ def chapter_map() -> Figure:
     return fig
 
 
-DIAGRAMS = {"rlhf_loop": rlhf_loop, "gae_recursion": gae_recursion, "kl_placement": kl_placement, "clip_regions": clip_regions,
-            "chapter_map": chapter_map}
+DIAGRAMS = {"rlhf_loop": rlhf_loop, "reinforce_flow": reinforce_flow, "gae_recursion": gae_recursion, "kl_placement": kl_placement, "clip_regions": clip_regions,
+            "trainer_iteration": trainer_iteration, "chapter_map": chapter_map,
+            "score_placement": score_placement}
