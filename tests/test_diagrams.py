@@ -18,7 +18,9 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 import concept_diagrams  # noqa: E402
 
 FIGURE = re.compile(r"^(`{3,}|:{3,})\{figure\}\s+(?P<path>\S+)", re.M)
-CHAPTERS = {"rlhf_loop": "ch01_", "reinforce_flow": "ch02_", "trainer_iteration": "ch07_", "score_placement": "appendix_a_", "gae_recursion": "ch04_", "kl_placement": "ch05_", "clip_regions": "ch06_", "chapter_map": "ppo_in_one_screen"}
+CHAPTERS = {"rlhf_loop": "ch01_", "reinforce_flow": "ch02_", "gae_recursion": "ch04_", "kl_placement": "ch05_", "clip_regions": "ch06_",
+            "trainer_iteration": "ch07_", "bradley_terry": "ch08_", "sampler_trainer": "ch09_", "group_advantages": "ch10_",
+            "score_placement": "appendix_a_", "chapter_map": "ppo_in_one_screen"}
 
 
 def png_size(path: Path) -> tuple[int, int]:

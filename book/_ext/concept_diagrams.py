@@ -19,10 +19,11 @@ import sys
 from pathlib import Path
 
 import diagrams_ppo
+import diagrams_rlhf
 from diagram_kit import DPI, FONT, OUTDIR  # noqa: F401 - the figures' resolution and type size, read by the tests
 from matplotlib.figure import Figure
 
-DIAGRAMS = {**diagrams_ppo.DIAGRAMS}
+DIAGRAMS = {**diagrams_ppo.DIAGRAMS, **diagrams_rlhf.DIAGRAMS}
 
 
 def png_bytes(fig: Figure) -> bytes:
