@@ -89,19 +89,19 @@ def bradley_terry() -> Figure:
         fill=TRAINED_COLOR, gid="model")
     for y in (y_w, y_l):
         arrow(ax, (ix + iw, y), (mx, y))
-    box(ax, sx, y_w - h / 2, sw, h, f"$r_w$ = {r_w:+.2f}", gid="score:chosen")
-    box(ax, sx, y_l - h / 2, sw, h, f"$r_l$ = {r_l:+.2f}", gid="score:rejected")
+    box(ax, sx, y_w - h / 2, sw, h, f"$R_w$ = {r_w:+.2f}", gid="score:chosen")
+    box(ax, sx, y_l - h / 2, sw, h, f"$R_l$ = {r_l:+.2f}", gid="score:rejected")
     for y in (y_w, y_l):
         arrow(ax, (mx + mw, y), (sx, y))
-    box(ax, fx, y_w - h / 2, fw, h, f"difference\n$r_w - r_l$ = {margin:.2f}", gid="fn:difference")
-    box(ax, fx, y_l - h / 2, fw, h, f"$\\sigma(r_w - r_l)$ = {p:.2f}\n= P($y_w$ preferred)", gid="fn:sigmoid")
-    box(ax, fx, y_loss - h / 2, fw, h, f"loss $-\\log\\sigma(r_w - r_l)$\n= {loss:.3f}", fill=FUNCTION_FILL, edge=VERMILION, lw=1.6, gid="fn:loss")
+    box(ax, fx, y_w - h / 2, fw, h, f"difference\n$R_w - R_l$ = {margin:.2f}", gid="fn:difference")
+    box(ax, fx, y_l - h / 2, fw, h, f"$\\sigma(R_w - R_l)$ = {p:.2f}\n= P($y_w$ preferred)", gid="fn:sigmoid")
+    box(ax, fx, y_loss - h / 2, fw, h, f"loss $-\\log\\sigma(R_w - R_l)$\n= {loss:.3f}", fill=FUNCTION_FILL, edge=VERMILION, lw=1.6, gid="fn:loss")
     arrow(ax, (sx + sw, y_w), (fx, y_w))
     polyline(ax, [(sx + sw, y_l), (sx + sw + 2.0, y_l), (sx + sw + 2.0, y_w - 2.0), (fx, y_w - 2.0)])
     arrow(ax, (fx + fw / 2, y_w - h / 2), (fx + fw / 2, y_l + h / 2))
     arrow(ax, (fx + fw / 2, y_l - h / 2), (fx + fw / 2, y_loss + h / 2))
     box(ax, ix, y_loss - h / 2 - 0.5, sx + sw - ix, h + 1.0,
-        f"the same pair with {offset:g} added to both scores: $r_w$ = {r_w + offset:.2f}, $r_l$ = {r_l + offset:.2f},\n"
+        f"the same pair with {offset:g} added to both scores: $R_w$ = {r_w + offset:.2f}, $R_l$ = {r_l + offset:.2f},\n"
         f"difference {margin:.2f}, loss {shifted:.3f}: only differences of scores count",
         ls="--", edge=GREY, gid="note:offset")
 
@@ -117,18 +117,18 @@ def bradley_terry() -> Figure:
     pl.axhline(0.0, color="0.75", lw=0.8)
     pl.axvline(0.0, color="0.75", lw=0.8)
     pl.plot(diffs, losses, color=BLUE, lw=2.2, label="loss")
-    pl.plot(diffs, grads, color=VERMILION, lw=2.0, ls="--", label="$\\partial$ loss / $\\partial r_w$")
+    pl.plot(diffs, grads, color=VERMILION, lw=2.0, ls="--", label="$\\partial$ loss / $\\partial R_w$")
     pl.plot([margin], [loss], "o", color=BLUE, ms=6, zorder=5)
     pl.plot([margin], [g_w], "o", color=VERMILION, ms=6, zorder=5)
     pl.set_xlim(-5, 5)
     pl.set_ylim(-2.0, 5.3)
     pl.tick_params(labelsize=FONT)
-    pl.set_xlabel("difference $r_w - r_l$", fontsize=FONT)
+    pl.set_xlabel("difference $R_w - R_l$", fontsize=FONT)
     pl.set_title("the loss and its gradient", fontsize=FONT)
     pl.legend(fontsize=FONT, loc="upper right", framealpha=1.0, edgecolor="0.8")
     pl.text(-4.7, -0.72, "ranked wrong:\nfull push", ha="left", va="bottom", fontsize=FONT, color=INK, gid="plot:wrong", linespacing=1.3)
     pl.text(4.8, 0.45, "ranked right:\nlittle push", ha="right", va="bottom", fontsize=FONT, color=INK, gid="plot:right", linespacing=1.3)
-    pl.text(4.8, -1.9, f"here {_minus(g_w, '.2f')}: a step raises\n$r_w$ and lowers $r_l$ as much", ha="right", va="bottom", fontsize=FONT,
+    pl.text(4.8, -1.9, f"here {_minus(g_w, '.2f')}: a step raises\n$R_w$ and lowers $R_l$ as much", ha="right", va="bottom", fontsize=FONT,
             color=VERMILION, gid="plot:here", linespacing=1.3)
     return fig
 
@@ -200,7 +200,7 @@ def sampler_trainer() -> Figure:
     arrow(ax, (fx + fw, y1), (ox, y1))
     # bottom row, right to left: the correction -> the update -> the weights back to the sampler
     cx, cw = 73.0, 26.0
-    box(ax, cx, y2 - h / 2, cw, h, "correction_weights\n$\\rho_t = \\pi_{\\mathrm{old}} / \\pi_s$ per token,\ntruncated (tis) or masked (mis)", fill=FUNCTION_FILL, gid="fn:correction")
+    box(ax, cx, y2 - h / 2, cw, h, "correction_weights\n$w_t = \\pi_{\\mathrm{old}} / \\pi_s$ per token,\ntruncated (tis) or masked (mis)", fill=FUNCTION_FILL, gid="fn:correction")
     arrow(ax, (ox + ow / 2 + 3.0, y1 - h / 2), (ox + ow / 2 + 3.0, y2 + h / 2))
     polyline(ax, [(tx + tw / 2, y1 - h / 2), (tx + tw / 2, (y1 + y2) / 2), (cx + 4.0, (y1 + y2) / 2), (cx + 4.0, y2 + h / 2)])
     ux, uw = 37.5, 31.0
@@ -221,9 +221,9 @@ def sampler_trainer() -> Figure:
     rows = [
         ("sampler", "$\\log\\pi_s$ (sampler_logprobs)", sampler_logprobs, None),
         ("old", "$\\log\\pi_{\\mathrm{old}}$ (old_logprobs)", old_logprobs, None),
-        ("rho", "gap $\\rho_t = \\pi_{\\mathrm{old}} / \\pi_s$", rho, None),
-        ("tis", f"tis: $\\min(\\rho_t, {high:g})$", tis, rho),
-        ("mis", f"mis: $\\rho_t$ in [{low:g}, {high:g}], else 0", mis, rho),
+        ("rho", "gap $w_t = \\pi_{\\mathrm{old}} / \\pi_s$", rho, None),
+        ("tis", f"tis: $\\tilde w_t = \\min(w_t, {high:g})$", tis, rho),
+        ("mis", f"mis: $\\tilde w_t = w_t$ in [{low:g}, {high:g}], else 0", mis, rho),
     ]
     for i, (gid, label, values, before) in enumerate(rows):
         y = y_head - 2.8 - (i + 1) * ch
@@ -241,7 +241,7 @@ def sampler_trainer() -> Figure:
             f"Shaded: a ratio outside [{low:g}, {high:g}], and the weights a correction changed ({key}/corrected_frac = {changed['tis']}/{n} "
             f"with tis, {changed['mis']}/{n} with mis).\n"
             f"gap_metrics: {key}/kl = {kl:.3f} nats per token, {key}/ess = {ess:.2f}. With {key}.correction_level = \"sequence\", "
-            f"all six tokens\nwould get one weight, the product $\\rho_1 \\cdots \\rho_{n}$ = {seq[0, 0].item():.2f}.",
+            f"all six tokens\nwould get one weight, the product $w_1 \\cdots w_{n}$ = {seq[0, 0].item():.2f}.",
             ha="left", va="top", fontsize=FONT, color=INK, gid="note:metrics", linespacing=1.4)
     return fig
 
