@@ -80,6 +80,7 @@ from .shaping import adjust_scores, last_real_index, overlong_penalty, reference
 from .value import clipped_value_loss, explained_variance
 from .update import ppo_update
 
+#: The package's version (pyproject.toml reads it from here).
 __version__ = "0.1.0"
 
 _LAZY = {

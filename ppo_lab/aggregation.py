@@ -31,6 +31,7 @@ import torch
 
 from ._checks import check_choice, check_float, check_mask, check_nonempty_mask, check_range, check_tensor
 
+#: The ways `aggregate_loss` turns per-token losses into one number (`loss.aggregation`).
 AGGREGATION_MODES = (
     "token-mean",
     "seq-mean-token-sum",

@@ -46,6 +46,8 @@ class CheckpointError(ValueError):
 
 
 def checkpoint_name(iteration: int) -> str:
+    """The folder name of iteration `iteration`'s checkpoint, `checkpoint-000003`: zero-padded, so
+    that the names sort by iteration."""
     return f"checkpoint-{iteration:06d}"
 
 
@@ -297,6 +299,7 @@ def to_json(state: tuple) -> list:
 
 
 def from_json(state: list) -> tuple:
+    """The inverse of `to_json`: nested lists back to a `random.getstate()`-style tuple."""
     return tuple(tuple(x) if isinstance(x, list) else x for x in state)
 
 

@@ -48,6 +48,9 @@ def _one_line_warnings() -> None:
 
 
 def train(args: argparse.Namespace) -> int:
+    """`ppo-lab train`: train with the config the arguments give, printing samples before and
+    after. Returns the exit status: 0, 2 for bad input (the config, a model, the output folder),
+    1 for a run that failed; the error is one line unless `--traceback` or `PPO_LAB_TRACEBACK`."""
     from .trainer import NonFiniteError
 
     if not _traceback_wanted(args):
@@ -103,6 +106,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `ppo-lab` command (`train`, `api`) on `argv` (default: the command line's); returns
+    the exit status."""
     # allow_abbrev=False: a prefix such as --optim.max would otherwise be "ambiguous" between the
     # two spellings of one option (--optim.max_grad_norm, --optim.max-grad-norm); unknown options
     # get a suggestion.

@@ -87,6 +87,7 @@ def no_sync(accelerator, models, last: bool):
 
 
 def mean_over_processes(accelerator, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` averaged over the processes (itself when there is one), on every process."""
     return tensor if accelerator.num_processes == 1 else accelerator.reduce(tensor, reduction="mean")
 
 

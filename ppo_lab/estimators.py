@@ -79,7 +79,8 @@ def _checked(name: str, fn: AdvantageEstimator) -> AdvantageEstimator:
     return estimator
 
 
-# The registry hands out each estimator checked (`_checked`).
+#: The advantage estimators by name (`advantage.estimator`), a `Registry`; it hands out each
+#: estimator checked (`_checked`).
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator", wrap=_checked)
 register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
 get_advantage_estimator = ADVANTAGE_ESTIMATORS.lookup

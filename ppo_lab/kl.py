@@ -25,6 +25,7 @@ import torch
 from ._checks import check_choice, check_float, check_range, check_response_dim, check_same_shape, check_tensor
 from .logprobs import scaled_rows
 
+#: The per-token KL estimators of `kl_penalty`, by name (`kl.estimator`).
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 
 

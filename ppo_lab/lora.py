@@ -43,7 +43,7 @@ from torch import nn
 from .hf import quiet_transformers
 from .models import disable_dropout, load_policy, resolve_model_path
 
-ALL_LINEAR = "all-linear"  # peft's name for every linear layer except the output head
+ALL_LINEAR = "all-linear"  #: peft's name for every linear layer except the output head
 
 # Warnings peft raises on every GPT-2 and that say nothing actionable here: GPT-2's Conv1D
 # layers need fan_in_fan_out (set below, per model); a transformers deprecation inside peft; and,

@@ -29,6 +29,7 @@ from .value import clipped_value_loss
 # clip_eps, clip_eps_high, dual_clip, penalty_beta, loss_agg and norm_length (for
 # "seq-mean-token-sum-norm", the generation budget max_new_tokens).
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+#: The policy losses by name (`loss.policy`), a `Registry`.
 POLICY_LOSSES = Registry("policy loss")
 register_policy_loss = POLICY_LOSSES.register  # make a policy loss available as `loss.policy = name`
 get_policy_loss = POLICY_LOSSES.lookup

@@ -69,6 +69,8 @@ def linear_to_zero(total_steps: int):
 
 @dataclass
 class PreferencePair:
+    """One labelled comparison: two responses to `prompt`, the preferred one first."""
+
     prompt: str
     chosen: str
     rejected: str
@@ -173,6 +175,7 @@ def train_reward_model(
     """Fit a 1-label sequence classifier to `pairs` with the Bradley-Terry loss and save it.
 
     The recipe of OpenAI (2019) and N+ (Huang et al., 2024), each step of it on purpose:
+
     - the score is read at the EOS token appended to every response (`rewards.encode_pairs`,
       `rewards.sequence_scores`), the token `SequenceClassifierReward` reads it at later;
     - the new head is initialised from N(0, 1/sqrt(d + 1)) for a hidden size d, so the first

@@ -206,6 +206,8 @@ def build(folder: Path = SHIPPED, spec: TinySpec = TinySpec(), verbose: bool = T
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m ppo_lab.tiny build [--out FOLDER]` rebuilds the tiny model, `... loss` prints the
+    shipped model's held-out loss; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m ppo_lab.tiny", description="The built-in tiny model.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     b = sub.add_parser("build", help="pretrain the tiny model and write it to a folder (default: the shipped one)")

@@ -35,10 +35,11 @@ class Assignment:
 
     @property
     def reading(self) -> str:
-        """"chapter 1" or "chapters 2, 4": what to read first."""
+        """What to read first, as "chapter 1" or "chapters 2, 4"."""
         return ("chapters " if any(c in self.chapters for c in ",-") else "chapter ") + self.chapters
 
 
+#: The course's assignments by name, in the order of the chapters.
 ASSIGNMENTS: dict[str, Assignment] = {
     a.name: a
     for a in (
