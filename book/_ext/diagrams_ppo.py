@@ -346,7 +346,7 @@ def kl_placement() -> Figure:
     # lane A: the KL in the reward
     lane_title(top - 3.0, "reward", "computed once per rollout from the stored log-probs, without gradient; it reaches the policy through the advantages")
     box(ax, xin, ya - h / 2, win, h, "old_logprobs\nref_logprobs\nscores", mono=True, gid="a:inputs")
-    box(ax, xfn, ya - h / 2, wfn, h, f"shape_rewards:\n$-${key}.coef $\\times$ KL$_t$ + score\n(KL$_t$ by {key}.estimator)", fill=FUNCTION_FILL, gid="a:shape")
+    box(ax, xfn, ya - h / 2, wfn, h, f"shape_rewards:\n$-${key}.coef $\\times$ $\\widehat{{\\mathrm{{KL}}}}_t$ + score\n($\\widehat{{\\mathrm{{KL}}}}_t$ by {key}.estimator)", fill=FUNCTION_FILL, gid="a:shape")
     arrow(ax, (xin + win, ya), (xfn, ya))
     to_loss(ya, "a", "policy loss\n(no KL term)")
 
@@ -420,7 +420,7 @@ def clip_regions() -> Figure:
         ax.axvspan(a, b, fc=PAD, ec="0.72", hatch="//", lw=0.0, zorder=0)
         for x in (1 - eps, 1 + eps):
             ax.axvline(x, color=GREY, lw=0.9, ls="--", zorder=1)
-        ax.plot(ratios, [adv * r for r in ratios.tolist()], ":", color=INK, lw=1.3, label="$\\rho A$, the unclipped surrogate")
+        ax.plot(ratios, [adv * r for r in ratios.tolist()], ":", color=INK, lw=1.3, label="$\\rho \\hat A$, the unclipped surrogate")
         ax.plot(ratios, objective, color=BLUE, lw=2.4, label="$L^{\\mathrm{CLIP}}$, from clipped_policy_loss")
         flat = (1 + eps) * adv if up else (1 - eps) * adv
         ax.text((a + b) / 2, flat + (-0.5 if up else -0.55), "gradient cut:\nno pull further out\n(policy/clipfrac\ncounts these)",
@@ -445,7 +445,7 @@ def clip_regions() -> Figure:
         ax.set_xticklabels(["0.5", "1$-\\epsilon$", "1", "1$+\\epsilon$", "1.5"])
         ax.tick_params(labelsize=FONT)
         ax.set_xlabel("ratio $\\rho = \\pi_\\theta / \\pi_{\\mathrm{old}}$ of the token", fontsize=FONT)
-        ax.set_title(f"advantage $A = {adv:+g}$", fontsize=FONT + 1)
+        ax.set_title(f"advantage $\\hat A = {adv:+g}$", fontsize=FONT + 1)
     axes[0].set_ylabel("objective $L^{\\mathrm{CLIP}}$ of one token", fontsize=FONT)
     axes[1].legend(fontsize=FONT, loc="upper right", framealpha=1.0, edgecolor="0.8")
     fig.text(0.5, 0.965, f"PPO-clip with $\\epsilon$ = {eps:g} (loss.clip_eps); points 1 to 6: the chapter's six cases",

@@ -94,7 +94,7 @@ def bradley_terry() -> Figure:
     for y in (y_w, y_l):
         arrow(ax, (mx + mw, y), (sx, y))
     box(ax, fx, y_w - h / 2, fw, h, f"difference\n$R_w - R_l$ = {margin:.2f}", gid="fn:difference")
-    box(ax, fx, y_l - h / 2, fw, h, f"$\\sigma(R_w - R_l)$ = {p:.2f}\n= P($y_w$ preferred)", gid="fn:sigmoid")
+    box(ax, fx, y_l - h / 2, fw, h, f"$\\sigma(R_w - R_l)$ = {p:.2f}\n= $\\Pr(y_w \\succ y_l)$", gid="fn:sigmoid")
     box(ax, fx, y_loss - h / 2, fw, h, f"loss $-\\log\\sigma(R_w - R_l)$\n= {loss:.3f}", fill=FUNCTION_FILL, edge=VERMILION, lw=1.6, gid="fn:loss")
     arrow(ax, (sx + sw, y_w), (fx, y_w))
     polyline(ax, [(sx + sw, y_l), (sx + sw + 2.0, y_l), (sx + sw + 2.0, y_w - 2.0), (fx, y_w - 2.0)])
