@@ -89,10 +89,11 @@ def _train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
     trainer = PPOTrainer(config)
-    before = trainer.evaluate(8)
+    shown = min(8, len(trainer.eval_prompts))  # a task may have fewer eval prompts
+    before = trainer.evaluate(shown)
     _print_samples("Before training", before)
     history = trainer.train()
-    after = trainer.evaluate(8)
+    after = trainer.evaluate(shown)
     _print_samples("After training", after)
     first, last = history[0], history[-1]
     tail = history[-max(1, len(history) // 10) :]

@@ -336,7 +336,13 @@ class PPOTrainer:
     def evaluate(self, n: int | None = None, seed: int | None = None) -> list[dict]:
         """Sample one response for each of the first `n` eval prompts and score it, with draws of
         its own (from `seed`, default config.run.seed): evaluating does not change training, and the
-        same prompt gets the same draws at every evaluation."""
+        same prompt gets the same draws at every evaluation.
+
+        `n` = None takes the first `run.eval_count` prompts (all of them when there are fewer); an
+        `n` larger than the number of eval prompts is refused, not silently cut to it."""
+        if n is not None and not 1 <= n <= len(self.eval_prompts):
+            raise ValueError(f"evaluate(n={n}): this run has {len(self.eval_prompts)} evaluation prompts; ask for 1 to "
+                             f"{len(self.eval_prompts)}, or give more with PPOTrainer(..., eval_prompts=[...])")
         prompts = self.eval_prompts[: n or self.config.run.eval_count]
         uniforms = torch.rand(len(prompts), self.sampling.max_new_tokens, generator=draws(self.config.run.seed if seed is None else seed, None, "eval"))
         self.set_training(False)

@@ -387,6 +387,15 @@ def test_prompts_given_as_one_string_an_empty_evaluation_set_and_a_reward_that_i
         PPOTrainer(small_config(tmp_path), eval_prompts=["fine", None])
 
 
+def test_asking_to_evaluate_more_prompts_than_the_run_has_is_refused(tiny_path, tmp_path):
+    trainer = PPOTrainer(small_config(tmp_path), eval_prompts=["the food was", "the film was", "the trip was"])
+    for bad in (4, 0, -1):
+        with pytest.raises(ValueError, match=rf"evaluate\(n={bad}\): this run has 3 evaluation prompts; ask for 1 to 3"):
+            trainer.evaluate(bad)
+    assert [s["prompt"] for s in trainer.evaluate(3)] == ["the food was", "the film was", "the trip was"]
+    assert len(trainer.evaluate()) == 3  # run.eval_count (16) is a cap, not a demand
+
+
 def test_a_label_index_the_reward_model_lacks_is_named_when_it_loads(tiny_path, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
