@@ -189,3 +189,10 @@ def check_choice(name: str, value: str, choices: Iterable[str]) -> str:
             f"unknown {name} {value!r}; valid values are: {', '.join(repr(c) for c in choices)}"
         )
     return value
+
+
+def check_eval_count(n: int | None, available: int) -> None:
+    """Refuse to evaluate more prompts than a run has, or none (None asks for the configured count)."""
+    if n is not None and not 1 <= n <= available:
+        raise ValueError(f"evaluate(n={n}): this run has {available} evaluation prompts; ask for 1 to {available}, "
+                         "or give more with PPOTrainer(..., eval_prompts=[...])")

@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import distributed as dist
-from ._checks import NonFiniteError, skip_value_checks
+from ._checks import NonFiniteError, check_eval_count, skip_value_checks
 from .batch import Rollout
 from .build import PromptStream, build_kl_controllers, build_optimizer, build_roles, build_task, draws, make_accelerator, seed_everything
 from .config import PPOConfig
@@ -334,15 +334,9 @@ class PPOTrainer:
     # --- evaluation and the loop --------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, n: int | None = None, seed: int | None = None) -> list[dict]:
-        """Sample one response for each of the first `n` eval prompts and score it, with draws of
-        its own (from `seed`, default config.run.seed): evaluating does not change training, and the
-        same prompt gets the same draws at every evaluation.
-
-        `n` = None takes the first `run.eval_count` prompts (all of them when there are fewer); an
-        `n` larger than the number of eval prompts is refused, not silently cut to it."""
-        if n is not None and not 1 <= n <= len(self.eval_prompts):
-            raise ValueError(f"evaluate(n={n}): this run has {len(self.eval_prompts)} evaluation prompts; ask for 1 to "
-                             f"{len(self.eval_prompts)}, or give more with PPOTrainer(..., eval_prompts=[...])")
+        """Score one response to each of the first `n` eval prompts (None: `run.eval_count`, or all when fewer;
+        more is refused) with draws of its own (`seed`, default run.seed): the same at every evaluation."""
+        check_eval_count(n, len(self.eval_prompts))
         prompts = self.eval_prompts[: n or self.config.run.eval_count]
         uniforms = torch.rand(len(prompts), self.sampling.max_new_tokens, generator=draws(self.config.run.seed if seed is None else seed, None, "eval"))
         self.set_training(False)
