@@ -7,6 +7,11 @@ as `critic_model`, so ppo_lab's `load_critic` reuses its classifier head; the re
 saved the same way and given as `reward`, so the reward is ppo_lab's own
 `SequenceClassifierReward` (decode, re-tokenize, forward), the path a real reward model takes.
 With `--critic shared` there is no value model: ppo_lab puts a value head on the policy.
+`--algorithm grpo` runs the GRPO preset's algorithm (`ppo_lab/presets/grpo.yaml`: no critic,
+group-normalised advantages over `--group` responses per prompt, the k3 KL in the loss at 0.04,
+no whitening, seq-mean-token-mean) on the same models; `--batch` counts responses, so
+`--batch / --group` prompts per update. `--decode` is `sampling.decode` (dynamic, static,
+cuda_graph or auto); the JSON line says which decoder ran and whether a CUDA graph was kept.
 
 Dropout is switched off in the policy before it is passed in, as TRL does to its models and as
 ppo_lab's own `load_policy` does (`--keep-dropout` leaves it on). Responses have a fixed length
@@ -44,6 +49,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     wl.add_workload_args(p)
     p.add_argument("--critic", choices=["separate", "shared"], default="separate")
+    p.add_argument("--algorithm", choices=["ppo", "grpo"], default="ppo", help="grpo: the GRPO preset's algorithm, no critic")
+    p.add_argument("--group", type=int, default=8, help="responses per prompt with --algorithm grpo")
+    p.add_argument("--decode", choices=["dynamic", "static", "cuda_graph", "auto"], default="dynamic", help="sampling.decode")
     p.add_argument("--ignore-eos", choices=["auto", "on", "off"], default="auto",
                    help="fixed-length responses through sampling.ignore_eos (auto and on: fixed length; off: stop at EOS)")
     p.add_argument("--keep-dropout", action="store_true", help="pass the policy with GPT-2's default dropout left on")
@@ -116,7 +124,7 @@ def main(argv=None):
     reward_model.save_pretrained(reward_dir)
     tok.save_pretrained(reward_dir)
     del reward_model
-    if args.critic == "separate":
+    if args.critic == "separate" and args.algorithm == "ppo":
         critic_dir = tmp / "value"
         value_model = wl.make_value_model(tok, args)
         n_matmul["value"], n_total["value"] = wl.matmul_params(value_model), wl.n_params(value_model)
@@ -125,15 +133,40 @@ def main(argv=None):
         del value_model
         extra["critic.model"] = str(critic_dir)
 
-    config = PPOConfig(**extra, **{
-            "critic.design": args.critic, "reward.source": str(reward_dir), "batch.rollout": args.batch,
+    if args.algorithm == "grpo":  # ppo_lab/presets/grpo.yaml's algorithm
+        extra.update({
+            "critic.design": "none", "advantage.estimator": "grpo", "sampling.responses_per_prompt": args.group,
+            "advantage.whiten": False, "loss.aggregation": "seq-mean-token-mean", "kl.placement": "loss",
+            "kl.estimator": "k3", "loss.clip_eps": 0.2,
+        })
+    extra["sampling.decode"] = args.decode
+    config = PPOConfig(**{"critic.design": args.critic, **extra}, **{ "reward.source": str(reward_dir), "batch.rollout": args.batch,
             "batch.minibatch": args.batch // args.mini_batches, "batch.epochs": args.ppo_epochs,
             "sampling.max_new_tokens": args.response_length, "optim.lr": args.lr,
             "sampling.temperature": args.temperature, "kl.coef": args.kl_coef,
             "run.iterations": args.updates + (1 if args.profile else 0), "run.eval_interval": 0,
             "run.progress_bar": False, "run.seed": args.seed, "run.output_dir": str(tmp / "run"),
         })
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     trainer = PPOTrainer(config, policy=policy, tokenizer=tok, train_prompts=texts)
+    # the sampling loop's own time, and the decoder it ran with (trainer.generate is sampling.generate)
+    import ppo_lab.decoding
+    import ppo_lab.trainer
+
+    sampling_s: list[float] = []
+    decoders: list = []
+    real_generate, real_make = ppo_lab.trainer.generate, ppo_lab.sampling.make_decoder
+
+    def timed_generate(*a, **k):
+        sync()
+        t0 = time.perf_counter()
+        out = real_generate(*a, **k)
+        sync()
+        sampling_s.append(time.perf_counter() - t0)
+        return out
+
+    ppo_lab.trainer.generate = timed_generate
+    ppo_lab.sampling.make_decoder = lambda *a, **k: decoders.append(real_make(*a, **k)) or decoders[-1]
     opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     optimizer = f"{type(opt).__name__}(fused={opt.defaults.get('fused')}, foreach={opt.defaults.get('foreach')})"
 
@@ -141,7 +174,6 @@ def main(argv=None):
     starts: list[float] = []
     real_step = trainer.iterate
     memory = wl.GpuMemory()
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     profiled: dict = {}
 
     def timed_step():
@@ -194,13 +226,14 @@ def main(argv=None):
     other = [u - r - p for u, r, p in zip(update_s, rollout, update)]
     last = history[-1]
     result = {
-        "bench": f"ppo_lab_{args.critic}",
+        "bench": f"ppo_lab_{args.critic}" if args.algorithm == "ppo" else "ppo_lab_grpo",
         **wl.environment(),
         "config": vars(args),
         "ppo_lab": source_of(ppo_lab),
         "ignore_eos": ignore_eos,
         **wl.timing_fields(update_s, args),
         "phase_median_s": {
+            "sampling": round(wl.median_after_first(sampling_s[: args.updates]), 4),
             "rollout": round(wl.median_after_first(rollout), 4),
             "update": round(wl.median_after_first(update), 4),
             "other": round(wl.median_after_first(other), 4),
@@ -214,6 +247,9 @@ def main(argv=None):
                                             wl.prompt_mean_length(prompt_ids)),
         "precision": args.precision,
         "old_logprobs_from": trainer.sampler.old_logprobs_from,
+        "algorithm": args.algorithm,
+        "decode": trainer.sampling.decode,
+        "cuda_graph_kept": (all(d.replay is not False for d in decoders) if decoders and trainer.sampling.decode == "cuda_graph" else None),
         "optimizer": optimizer,
         **memory.fields(),
         **profiled,

@@ -29,6 +29,8 @@ module                 what it holds                                   chapter
                        reward; the gold reward
 `hf`                   helpers around transformers                     7
 `sampling`             sampling (`Sampling`, `generate`)               1, 7
+`decoding`             the decode step: growing or static KV cache,    9
+                       replayed as a CUDA graph
 `rollout`              scoring the sampled tokens with every model     1, 7
 `batch`                the rollout batch (`Rollout`) and its padding   7
 `objective`            where the config meets the math: advantages,    7
@@ -115,7 +117,7 @@ _LAZY = {
 }
 
 
-_LAZY_MODULES = {"bandit", "batch", "book", "build", "checkpoint", "cli", "config", "config_groups", "disagreements", "distributed", "dpo", "fields", "hf", "lora", "losses", "memory", "metrics", "models", "objective", "optimizer_step", "plotting", "reference_norm", "registry", "resume", "reward_model", "rewards", "rollout", "run_output", "sampler", "sampling", "syncs", "tasks", "tiny", "trainer"}
+_LAZY_MODULES = {"bandit", "batch", "book", "build", "checkpoint", "cli", "config", "config_groups", "decoding", "disagreements", "distributed", "dpo", "fields", "hf", "lora", "losses", "memory", "metrics", "models", "objective", "optimizer_step", "plotting", "reference_norm", "registry", "resume", "reward_model", "rewards", "rollout", "run_output", "sampler", "sampling", "syncs", "tasks", "tiny", "trainer"}
 
 
 def __getattr__(name):

@@ -16,6 +16,7 @@ s_t, the state in which token t was chosen (as in TRL and OpenRLHF).
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import torch
@@ -35,7 +36,8 @@ def resolve_model_path(name: str) -> str:
 
 def split_revision(name: str) -> tuple[str, str | None]:
     """"org/model@rev" -> ("org/model", "rev"): a hub model at a revision (branch, tag or commit;
-    N+ publishes its checkpoints on branches). A local path or a name without "@" is not split."""
+    N+ publishes its checkpoints on branches). A local path (a `pathlib.Path` too) or a name without "@" is not split."""
+    name = os.fspath(name)
     if "@" not in name or name.startswith(("/", ".", "~")) or Path(name).expanduser().exists():
         return name, None
     base, _, revision = name.rpartition("@")

@@ -2,7 +2,7 @@
 
 Chapter 7 (The PPO trainer end to end) reads this module. A rollout samples its responses here:
 the prompts are tokenized left-padded, so every response starts at the same column; `generate`
-samples with the KV cache, one forward per token, each token drawn by `sample_tokens` at the
+samples with the KV cache (growing, or static and replayed as a CUDA graph: `decoding.py`), one forward per token, each token drawn by `sample_tokens` at the
 configured temperature from draws fixed in advance (so a response depends only on its own
 draws); each response is cut after its first stop token (`masked.response_mask`), which works
 even when the tokenizer pads with its EOS token. The forwards that then score the tokens are
@@ -18,7 +18,7 @@ import torch
 from ._checks import NonFiniteError
 from .fields import Group, _f, group, internal
 from .masked import response_mask
-from .rollout import supports_logits_to_keep
+from .decoding import DECODES, make_decoder
 
 
 def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -76,6 +76,7 @@ class Sampling(Group):
     responses_per_prompt: int = _f(1, "Responses sampled for each prompt (>1 for rloo/grpo).", low=1)
     dynamic: bool = _f(False, "DAPO's dynamic sampling: drop the groups whose responses all got the same raw score from the reward (their group advantages are then 0, unless the KL or the overlong penalty separates them) and sample more prompts until batch.rollout responses of informative groups are collected; needs sampling.responses_per_prompt >= 2.")
     dynamic_max_rounds: int = _f(4, "Most rollouts drawn per iteration by dynamic sampling; a batch still short after them is filled with dropped groups (verl stops the run instead).", low=1)
+    decode: str = _f("dynamic", "The KV cache of the sampling loop (decoding.py): 'dynamic' grows it per token (any model); 'static' uses fixed buffers; 'cuda_graph' replays the static step as a CUDA graph (CUDA only, checked against the eager step); 'auto' = cuda_graph on CUDA when the model supports a static cache, else dynamic. Tokens are the same either way.", DECODES)
     stop_ids: tuple[int, ...] = internal((), "The token ids that end a response (from the tokenizer).")
 
     def check(self):
@@ -105,7 +106,7 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
     """Sample one response per prompt with the KV cache.
 
     A plain sampling loop rather than `model.generate`: one forward per new token on the cached
-    keys and values, tokens drawn with `sample_tokens`. It stops when every row has produced a
+    keys and values (the decoder of `sampling.decode`, `decoding.py`), tokens drawn with `sample_tokens`. It stops when every row has produced a
     stop token (looked at every `READ_BACK_EVERY` tokens; tokens drawn past the stop are
     dropped, so the result does not depend on it). `uniforms` (B, max_new_tokens) fixes the random draws (default: from torch's
     generator); `device` defaults to the model's.
@@ -130,16 +131,13 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
     uniforms = uniforms.to(device)
     stops = torch.tensor(sampling.stop_ids, dtype=torch.long, device=device)
     positions = (query_mask.cumsum(dim=1) - 1).clamp(min=0)
-    attention = query_mask
     hidden = value_head is not None
-    keep = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
-    out = model(input_ids=query_ids, attention_mask=attention, position_ids=positions, use_cache=True, output_hidden_states=hidden, **keep)
-    last = positions[:, -1:]
+    decoder = make_decoder(model, sampling.decode, device, hidden)  # the KV cache and the decode step (decoding.py)
+    logits, state = decoder.prefill(query_ids, query_mask, positions, sampling.max_new_tokens)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     with_entropy = with_logprobs if with_entropy is None else with_entropy and with_logprobs
     tokens, logprobs, entropy, values, flags = [], [], [], [], []
     for t in range(sampling.max_new_tokens):
-        logits = out.logits[:, -1, :]
         token = sample_tokens(logits, uniforms[:, t], sampling.temperature, sampling.top_k, sampling.top_p)
         tokens.append(token)
         if with_logprobs:
@@ -149,7 +147,6 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
             if with_entropy:
                 entropy.append(norm - (torch.softmax(z, dim=-1) * z).sum(-1))
         if hidden:
-            state = out.hidden_states[-1][:, -1]
             values.append(value_head(state.to(value_head.weight.dtype)).squeeze(-1).float())
         done = done | (torch.isin(token, stops) & (t >= sampling.stop_after))
         # Has every row stopped, and are the logits usable (-inf is allowed: models mask tokens
@@ -172,9 +169,7 @@ def generate(model, tokenizer, prompts: list[str], sampling: Sampling, *, device
                 if stopped is not None:
                     tokens, logprobs, entropy, values = (x[: stopped + 1] for x in (tokens, logprobs, entropy, values))
                 break
-        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-        last = last + 1
-        out = model(input_ids=token[:, None], attention_mask=attention, position_ids=last, past_key_values=out.past_key_values, use_cache=True, output_hidden_states=hidden)
+        logits, state = decoder.step(token)
     response_ids = torch.stack(tokens, dim=1)
     mask = response_mask(response_ids, list(sampling.stop_ids) or None, sampling.stop_after)
     # ended: the last real token is a stop token inside the window (mask and window agree on it)

@@ -211,9 +211,9 @@ class PPOTrainer:
 
     # --- 2. reward -------------------------------------------------------------------------------
     def score(self, prompts: list[str], responses: list[str], drawn) -> torch.Tensor:
-        """(B,) raw scores of `drawn` (a `sampling.Sample`) from the reward, checked; nan and inf
-        are left for `step`. See `rewards.score_responses` for how the reward is called."""
-        raw = score_responses(self.reward_fn, prompts, responses, drawn, self.reward_by_ids)
+        """(B,) raw scores of `drawn` (a `sampling.Sample`) from the reward (`rewards.score_responses`), checked; nan and inf are left for `step`."""
+        with self.accelerator.autocast():  # a reward model runs in the forwards' precision, as the other roles do (it ran 112 fp32 GEMMs per update in bf16)
+            raw = score_responses(self.reward_fn, prompts, responses, drawn, self.reward_by_ids)
         return check_scores(raw, len(prompts), f"reward {self.reward_name}", finite=False)
 
     def reference_scores(self, n: int) -> torch.Tensor:

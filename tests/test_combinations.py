@@ -34,7 +34,7 @@ SWITCHES = {
     "sampling.stop_after": [0, 3], "memory.logprob_chunk": [None, 5],
     "sampler.correction": ["none", "tis", "mis"], "sampler.noise": [0.0, 0.05],
     "sampling.dynamic": [False, True], "reward.overlong_buffer": [0, 2],
-    "advantage.drop_truncated": [False, True],
+    "advantage.drop_truncated": [False, True], "sampling.decode": ["dynamic", "static"],
 }
 BASE = {
     "sampling.responses_per_prompt": 2, "run.iterations": 2, "run.eval_interval": 1, "run.save_interval": 1,

@@ -49,3 +49,41 @@ def test_peak_memory_is_per_iteration_on_cuda(tiny_path, tmp_path):
     max_peak_memory_mb(trainer.accelerator)  # reads this peak
     second = trainer.iterate()["perf/peak_memory_mb"]
     assert second < first + 256  # the 256 MB spike belonged to no iteration
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_cuda_graph_decode_is_kept_and_draws_the_tokens_of_the_eager_step(tiny_path, monkeypatch, precision):
+    import warnings
+
+    from ppo_lab import decoding
+    from ppo_lab.models import load_tokenizer
+    from ppo_lab.sampling import Sampling, generate
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_path).eval().cuda()
+    tokenizer = load_tokenizer(tiny_path)
+    tokenizer.padding_side = "left"
+    prompts = ["the movie was", "i think this film is really", "2 + 3 =", "the"] * 16
+    uniforms = torch.rand(len(prompts), 24, generator=torch.Generator().manual_seed(0))
+    made = []
+    make = decoding.make_decoder
+    monkeypatch.setattr("ppo_lab.sampling.make_decoder", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
+    samples = {}
+    for decode in ("dynamic", "static", "cuda_graph"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a dropped graph warns
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                samples[decode] = generate(model, tokenizer, prompts, Sampling(max_new_tokens=24, stop_ids=(tokenizer.eos_token_id,), decode=decode), uniforms=uniforms, with_logprobs=True)
+    assert isinstance(made[-1], decoding.GraphedDecoder) and made[-1].checked and made[-1].replay is not False
+    # the graph replays the static step's kernels: the same tokens and log-probs
+    assert torch.equal(samples["cuda_graph"].response_ids, samples["static"].response_ids)
+    torch.testing.assert_close(samples["cuda_graph"].sampler_logprobs, samples["static"].sampler_logprobs, rtol=0, atol=1e-5)
+    if precision == "fp32":  # in bf16 the static and the growing cache round differently
+        assert torch.equal(samples["cuda_graph"].response_ids, samples["dynamic"].response_ids)
+
+
+def test_a_run_with_auto_decode_uses_the_graph_and_trains_evaluates_saves_and_resumes(tiny_path, tmp_path):
+    cfg = small_config(tmp_path, {"run.iterations": 2, "memory.precision": "bf16", "sampling.decode": "auto", "run.eval_interval": 1, "run.save_interval": 1})
+    trainer, history, _ = train_evaluate_resume(cfg)
+    assert trainer.sampling.decode == "cuda_graph"
+    assert history[0]["objective/kl"] == 0.0

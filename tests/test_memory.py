@@ -209,3 +209,18 @@ def test_a_chunked_run_trains_like_the_unchunked_one(tiny_path, tmp_path):
     for a, b in zip(*runs):
         for key in ("reward/score_mean", "loss/policy", "loss/entropy", "objective/kl", "eval/score_mean", "policy/approx_kl"):
             assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-5), key
+
+
+def test_expandable_segments_are_turned_on_for_cuda_unless_the_user_configured_the_allocator(monkeypatch):
+    from ppo_lab.build import set_cuda_allocator
+
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert set_cuda_allocator("expandable") is False and calls == []  # nothing to do on a CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert set_cuda_allocator("default") is False and calls == []
+    assert set_cuda_allocator("expandable") is True and calls == ["expandable_segments:True"]
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")  # the user's own setting wins
+    assert set_cuda_allocator("expandable") is False and calls == ["expandable_segments:True"]

@@ -403,6 +403,7 @@ def test_model_names_may_carry_a_revision(monkeypatch):
     assert models.split_revision("org/model@branch_1") == ("org/model", "branch_1")
     assert models.split_revision("org/model") == ("org/model", None)
     assert models.split_revision("./local@folder") == ("./local@folder", None)
+    assert models.split_revision(Path("/models/a@b")) == ("/models/a@b", None)  # a pathlib.Path is a local folder
     with pytest.raises(ValueError, match="both parts non-empty"):
         models.split_revision("org/model@")
     calls = []
