@@ -11,7 +11,9 @@ Three decoders do the same arithmetic on different memory:
 - `StaticDecoder` ("static"): a `transformers.StaticCache` of P + T slots made once, and a
   (B, 1, 1, P + T) attention mask opened one column per step in place. A step reads and writes
   only buffers that exist before it starts (the token, its position, its cache slot, the mask),
-  and issues no host read. On CPU this is about as fast as "dynamic"; it exists for the graph.
+  and issues no host read. It exists for the graph: on two CPU cores it took the same time as
+  "dynamic" on the tiny model (64 rows x 24 tokens) and 8% longer on an 8-layer, d = 512 Llama
+  over 128 tokens (its attention reads all P + T slots at every step).
 - `GraphedDecoder` ("cuda_graph", CUDA only): the static step captured once per call of
   `generate` as a CUDA graph and replayed, one launch per token instead of one per kernel.
   Before it is trusted, its first replay is checked against the same step run eagerly; a graph
