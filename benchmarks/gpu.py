@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The GPU benchmark: ppo_lab beside TRL 1.12.0's PPOTrainer and TRL's GRPOTrainer, on one GPU.
 
-    python benchmarks/gpu.py --out $OUT            # the full run, about 9 minutes on an H100
+    python benchmarks/gpu.py --out $OUT            # every runner: over 10 minutes on an H100 (estimated)
+    bash benchmarks/device_check.sh ppo|grpo       # the prepared GPU check, in two commands under 10 minutes each
     python benchmarks/gpu.py --smoke               # tiny shapes: checks the plumbing (CPU or GPU)
     python benchmarks/gpu.py --profile --out $OUT  # and torch.profiler tables of one ppo_lab update
 
@@ -123,10 +124,10 @@ RATIOS = [
 ]
 
 # dense bf16 tensor-core peaks (TFLOP/s), by a piece of the device name
-PEAKS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("GH200", 989.0), ("H200", 989.0),
+PEAKS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("GH200", 989.0), ("H200 NVL", 835.0), ("H200", 989.0),
          ("A100", 312.0), ("L40S", 362.0)]
 # HBM bandwidth (bytes/s), by a piece of the device name (the vendors' data sheets)
-BANDWIDTHS = [("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12), ("GH200", 4.0e12), ("H200", 4.8e12),
+BANDWIDTHS = [("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12), ("GH200", 4.0e12), ("H200 NVL", 4.8e12), ("H200", 4.8e12),
               ("A100", 2.0e12), ("L40S", 0.864e12)]
 
 
@@ -141,6 +142,8 @@ def parse_args(argv=None):
     p.add_argument("--only", default=",".join(DEFAULT_RUNNERS), help="comma-separated subset, in order, of: " + ", ".join(RUNNERS))
     p.add_argument("--updates", type=int, help="updates per runner and round, the first a warm-up (default: the size's)")
     p.add_argument("--rounds", type=int, default=2, help="rounds; each runs every runner once, in order")
+    p.add_argument("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF for every runner (e.g. expandable_segments:True, to give TRL "
+                                        "the allocator ppo_lab uses by default)")
     p.add_argument("--profile", action="store_true",
                    help="ppo_lab separate also profiles one extra update: gpu-<stamp>.profile-ppo_lab.txt")
     p.add_argument("--budget-s", type=float, default=480.0,
@@ -202,11 +205,11 @@ def merge_rounds(lines: list[dict]) -> dict:
     r["sec_per_update"] = round(median(timed), 4)
     r["sec_per_update_min"], r["sec_per_update_max"] = round(min(timed), 4), round(max(timed), 4)
     r["tokens_per_s"] = round(r["tokens_per_update"] / r["sec_per_update"], 1)
-    r["round_sec_per_update"] = [line["sec_per_update"] for line in lines]
+    r["round_sec_per_update"] = {line.get("round", i + 1): line["sec_per_update"] for i, line in enumerate(lines)}
     for key in ("gpu_peak_allocated_gib", "gpu_peak_reserved_gib"):
         if all(line.get(key) is not None for line in lines):
             r[key] = max(line[key] for line in lines)
-            r[f"round_{key}"] = [line[key] for line in lines]
+            r[f"round_{key}"] = {line.get("round", i + 1): line[key] for i, line in enumerate(lines)}
     phases = [line.get("phase_median_s") or {} for line in lines]
     r["phase_median_s"] = {k: round(median([p[k] for p in phases if k in p]), 4) for k in phases[0]}
     r["setup_s"] = round(median([line.get("setup_s", 0) for line in lines]), 1)
@@ -289,16 +292,15 @@ def table(results: dict[str, dict], failed: dict[str, str], meta: dict) -> str:
         ra, rb = results.get(a), results.get(b)
         if ra and rb and ra.get(q) and rb.get(q):
             ratio = f"{ra[q] / rb[q]:.3f}"
-            per_round = q == "sec_per_update" and "round_sec_per_update" in ra and "round_sec_per_update" in rb
-            per_round = per_round or f"round_{q}" in ra and f"round_{q}" in rb
-            if per_round:
-                key = "round_sec_per_update" if q == "sec_per_update" else f"round_{q}"
-                each = [x / y for x, y in zip(ra[key], rb[key]) if y]
-                if len(each) > 1:
-                    ratio += f" ({min(each):.3f} - {max(each):.3f} over {len(each)} rounds)"
+            key = "round_sec_per_update" if q == "sec_per_update" else f"round_{q}"
+            a_rounds, b_rounds = ra.get(key) or {}, rb.get(key) or {}
+            each = [a_rounds[k] / b_rounds[k] for k in a_rounds if k in b_rounds and b_rounds[k]]  # round by round
+            if len(each) > 1:
+                ratio += f" ({min(each):.3f} - {max(each):.3f} over {len(each)} rounds)"
             rows.append(f"| {label} | {ratio} |")
     if rows:
-        out += ["", "| ratio (below 1: the first smaller / faster) | value (range over rounds) |", "|---|---:|", *rows]
+        out += ["", "| ratio (below 1: the first smaller / faster; of the medians over all timed updates) | value (range of the rounds' ratios) |",
+                "|---|---:|", *rows]
     out.append("")
     if peak:
         out.append(f"MFU = FLOPs / seconds / {peak:.0f} TFLOP/s ({meta.get('peak_note')}); FLOPs/update = "
@@ -307,12 +309,14 @@ def table(results: dict[str, dict], failed: dict[str, str], meta: dict) -> str:
                    "N = matmul parameters; the update's MFU counts the training FLOPs over the update phase's seconds. "
                    + (f"Sampling bound: the policy's bf16 weights and the rows' KV cache read once per decode step at "
                       f"{bandwidth / 1e12:.2f} TB/s (benchmarks/gpu.py)." if bandwidth else ""))
-    notes = []
+    notes = ["Allocators: ppo_lab runs with expandable segments (its default, memory.cuda_allocator), TRL with the caching "
+             "allocator's defaults, unless PYTORCH_CUDA_ALLOC_CONF was set for every runner (each runner's line says)."]
     for name, r in results.items():
         extra = []
         if name.startswith("ppo_lab"):
             extra.append(f"old log-probs from {r.get('old_logprobs_from')}, decode {r.get('decode')}"
-                         + (f" (graph kept: {r.get('cuda_graph_kept')})" if r.get("decode") == "cuda_graph" else "")
+                         + (f" (graph kept in {r.get('cuda_graph_kept')})" if r.get("decode") == "cuda_graph" else "")
+                         + f", allocator {r.get('cuda_allocator')}"
                          + f", {r.get('optimizer')}, mean response length {r.get('response_length_mean')}")
             if r.get("profile_file"):
                 extra.append(f"profile in {Path(r['profile_file']).name} ({r.get('update_s_under_profiler')} s under the profiler)")
@@ -321,7 +325,7 @@ def table(results: dict[str, dict], failed: dict[str, str], meta: dict) -> str:
             src = r.get("ppo_lab") or {}
             extra.append(f"ppo_lab from {src.get('path')} {src.get('commit', '')}".rstrip())
         else:
-            extra.append(f"accelerator mixed precision {r.get('trl_mixed_precision')}"
+            extra.append(f"allocator {r.get('alloc_conf') or 'default'}, accelerator mixed precision {r.get('trl_mixed_precision')}"
                          + (f", rollout autocast {r.get('rollout_autocast')}" if "rollout_autocast" in r else "")
                          + f", {r.get('optimizer')}")
         phases = ", ".join(f"{k} {v:.3f}" for k, v in (r.get("phase_median_s") or {}).items())
@@ -391,6 +395,8 @@ def main(argv=None):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TRL_EXPERIMENTAL_SILENCE="1",
                PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if args.alloc_conf:  # the same allocator for every runner, TRL's too
+        env["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc_conf
     common = flags(size) + ["--device", device, "--precision", precision] + list(args.extra)
     print(f"gpu.py: device {device}, precision {precision}, {args.rounds} rounds of runners {', '.join(names)}; "
           f"writing {out}/gpu-{stamp}.*", file=sys.stderr, flush=True)
@@ -422,6 +428,7 @@ def main(argv=None):
                     print(f"{name}: {why}\n{tail}", file=sys.stderr, flush=True)
                     continue
                 r["bench"], r["round"] = name, round_ + 1
+                r["alloc_conf"] = env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF")
                 r["runner_wall_s"] = round(time.perf_counter() - t0, 1)
                 lines.setdefault(name, []).append(r)
                 raw.write(json.dumps(r) + "\n")

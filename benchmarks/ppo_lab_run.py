@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shutil
 import subprocess
 import tempfile
@@ -154,7 +155,8 @@ def main(argv=None):
     import ppo_lab.trainer
 
     sampling_s: list[float] = []
-    decoders: list = []
+    graph_kept: list[bool] = []  # per call of generate with a graph decoder: was its graph checked and kept?
+    decoder: list = []  # the current call's decoder only (each holds its KV cache and graph)
     real_generate, real_make = ppo_lab.trainer.generate, ppo_lab.sampling.make_decoder
 
     def timed_generate(*a, **k):
@@ -163,10 +165,13 @@ def main(argv=None):
         out = real_generate(*a, **k)
         sync()
         sampling_s.append(time.perf_counter() - t0)
+        made = decoder.pop()
+        if isinstance(made, ppo_lab.decoding.GraphedDecoder):
+            graph_kept.append(made.checked and made.replay is not False)
         return out
 
     ppo_lab.trainer.generate = timed_generate
-    ppo_lab.sampling.make_decoder = lambda *a, **k: decoders.append(real_make(*a, **k)) or decoders[-1]
+    ppo_lab.sampling.make_decoder = lambda *a, **k: decoder.append(real_make(*a, **k)) or decoder[-1]
     opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     optimizer = f"{type(opt).__name__}(fused={opt.defaults.get('fused')}, foreach={opt.defaults.get('foreach')})"
 
@@ -249,7 +254,9 @@ def main(argv=None):
         "old_logprobs_from": trainer.sampler.old_logprobs_from,
         "algorithm": args.algorithm,
         "decode": trainer.sampling.decode,
-        "cuda_graph_kept": (all(d.replay is not False for d in decoders) if decoders and trainer.sampling.decode == "cuda_graph" else None),
+        "cuda_graph_kept": f"{sum(graph_kept)} of {len(graph_kept)} rollouts" if graph_kept else None,
+        "cuda_allocator": {k: os.environ[k] for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if k in os.environ}
+        or config.memory.cuda_allocator,
         "optimizer": optimizer,
         **memory.fields(),
         **profiled,

@@ -16,16 +16,16 @@ Three decoders do the same arithmetic on different memory:
   over 128 tokens (its attention reads all P + T slots at every step).
 - `GraphedDecoder` ("cuda_graph", CUDA only): the static step captured once per call of
   `generate` as a CUDA graph and replayed, one launch per token instead of one per kernel.
-  Before it is trusted, its first replay is checked against the same step run eagerly; a graph
-  that cannot be captured, or disagrees, is dropped with a warning and the static step runs
-  eagerly (same tokens).
+  Before it is trusted, two replays are checked against the same steps run eagerly; a graph that
+  cannot be captured, or disagrees, is dropped with a warning and the static step runs eagerly.
 
-The loop always calls a decoder, so the sampling loop holds no `if` per cache. The tokens do not
-depend on the decoder: the draws are fixed per row (`sampling.sample_tokens`), and the static
-step computes the same logits as the dynamic one up to float round-off (the masked-out slots add
-exact zeros); tests check identical tokens on CPU for the tiny GPT-2 and a tiny Llama with
-left-padded prompts. "auto" picks "cuda_graph" on a CUDA device for a model that supports a
-static cache, else "dynamic".
+The loop always calls a decoder, so the sampling loop holds no `if` per cache. The decoder does
+not change what is sampled: the draws are fixed per row (`sampling.sample_tokens`), and the
+static step computes the dynamic one's logits up to float round-off (the masked-out slots add
+exact zeros). In float32 on a CPU the tokens come out identical (tested on the tiny GPT-2 and a
+tiny Llama with left-padded prompts); in bf16 the two round differently, and a draw that falls
+on a boundary between two tokens can flip. "auto" picks "cuda_graph" on a CUDA device for a
+model that supports a static cache, else "dynamic".
 
 Why the mask is built here rather than by transformers: a 2-D mask makes the model build its 4-D
 mask at every step, and some of those checks read tensor values on the host (not allowed inside
@@ -35,6 +35,7 @@ a CUDA graph capture). A 4-D mask is passed through as it is.
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 
@@ -55,6 +56,7 @@ def static_cache_support(model) -> str | None:
     if base is None or not getattr(base, "_can_compile_fullgraph", False):
         return f"{type(model).__name__} does not support a static KV cache (transformers' _can_compile_fullgraph is not set)"
     config = _unwrap(model, "config").config
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config  # (what StaticCache reads)
     kinds = set(getattr(config, "layer_types", None) or ())
     if kinds - {"full_attention"} or (not kinds and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)):
         return f"{type(base).__name__} has sliding-window attention layers ({sorted(kinds) or 'sliding_window'}), which the static decode's mask does not model"
@@ -182,17 +184,20 @@ class GraphedDecoder(StaticDecoder):
     """The static step as a CUDA graph: the first step runs eagerly (the warm-up a capture needs),
     the second is captured, and every later token replays it.
 
-    The first replay is checked against the same step run eagerly on the same buffers (one extra
-    forward per call of `generate`); if capturing fails or the two disagree, the graph is dropped
-    with a warning and the eager static step continues, giving the same tokens. `replay` is then
-    False.
+    Before the graph is trusted, two replays are checked against two eager steps from the same
+    state (a graph that froze a value at capture is right at the first replay and wrong from the
+    second); this costs two replays and three eager forwards per call of `generate`. If capturing
+    fails or a replay disagrees, the graph is dropped with a warning and the eager static step
+    continues: the same arithmetic, slower. A model whose capture failed is not captured again.
+    `replay` is then False.
     """
 
     name = "cuda_graph"
-    CHECK_TOLERANCE = 1e-2  # the largest |logit difference| / max |logit| the first replay may show
+    CHECK_TOLERANCE = 1e-3  # the largest |difference| / max |finite value| a checked replay may show, per output
+    failed = weakref.WeakSet()  # the models whose step could not be captured
 
     def prefill(self, query_ids, query_mask, positions, max_new_tokens: int):
-        self.replay, self.checked = None, False
+        self.replay, self.checked = (False if self.model in self.failed else None), False
         return super().prefill(query_ids, query_mask, positions, max_new_tokens)
 
     def step(self, token):
@@ -208,24 +213,43 @@ class GraphedDecoder(StaticDecoder):
         return self.replay()
 
     def _warm_up(self):
-        # On a side stream, as torch.cuda.graphs asks: lazy initialisations (cuBLAS workspaces,
-        # autocast's bf16 copies of the weights, cached for the whole autocast region `generate`
-        # runs in) happen here, outside the capture, and the graph then reads them.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            first = self.forward()
-        torch.cuda.current_stream().wait_stream(side)
+        # On a side stream, as torch.cuda.graphs asks: lazy initialisations (autocast's bf16
+        # copies of the weights, cached for the whole autocast region `generate` runs in) happen
+        # here, outside the capture, and the graph then reads them.
+        with torch.cuda.device(self.token.device):
+            current = torch.cuda.current_stream()
+            side = torch.cuda.Stream()
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                first = self.forward()
+            current.wait_stream(side)
+            for x in first:  # made on the side stream, read on this one
+                if x is not None:
+                    x.record_stream(current)
         return first
 
     def _capture(self):
-        """A function that replays the captured step and returns its (static) outputs, or False."""
+        """A function that replays the captured step and returns its (static) outputs, or False.
+
+        `capture_begin` / `capture_end` rather than `torch.cuda.graph`, whose entry synchronises
+        and empties the allocator's cache at every call of `generate`."""
         try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):  # records one step; nothing runs until a replay
-                outputs = self.forward()
+            with torch.cuda.device(self.token.device):
+                current = torch.cuda.current_stream()
+                stream = torch.cuda.Stream()
+                stream.wait_stream(current)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.stream(stream):
+                    graph.capture_begin()
+                    try:
+                        outputs = self.forward()  # recorded, not run: the buffers do not move
+                    finally:
+                        graph.capture_end()
+                current.wait_stream(stream)
         except Exception as error:  # noqa: BLE001 - whatever breaks the capture, the eager step still works
-            self._give_up(f"capturing the decode step failed ({type(error).__name__}: {error})")
+            cause = error.__context__ or error  # (capture_end's "invalidated" hides the first error)
+            self.failed.add(self.model)
+            self._give_up(f"capturing the decode step failed ({type(cause).__name__}: {cause})")
             return False
 
         def replay():
@@ -234,27 +258,40 @@ class GraphedDecoder(StaticDecoder):
 
         return replay
 
-    def _counters(self) -> list[torch.Tensor]:
-        """The tensors a step advances: the position, the slot, and the cache's own write counters."""
+    def _state(self) -> list[torch.Tensor]:
+        """What a step changes besides the cache's contents: the position, the slot, the mask, and
+        the cache's own write counters."""
         layers = getattr(self.cache, "layers", ())
-        return [self.position, self.slot] + [c for c in (getattr(layer, "cumulative_length", None) for layer in layers) if isinstance(c, torch.Tensor)]
+        counters = [c for c in (getattr(layer, "cumulative_length", None) for layer in layers) if isinstance(c, torch.Tensor)]
+        return [self.position, self.slot, self.mask, *counters]
+
+    def _rewind(self, saved) -> None:
+        for tensor, value in zip(self._state(), saved):
+            tensor.copy_(value)
 
     def _checked(self):
-        """The first replay, then the same step eagerly from the same state: the eager outputs are
-        used, and the graph is kept only if the two agree."""
+        """Two replays, then two eager steps from the same state; the graph is kept only if each
+        pair agrees. Returns the eager outputs of this step, from the state it started in."""
         self.checked = True
-        counters = self._counters()
-        saved = [c.clone() for c in counters]
-        graphed = [x.clone() if x is not None else None for x in self.replay()]
-        for c, s in zip(counters, saved):  # rewind, so that the eager step writes the same slot
-            c.copy_(s)
-        eager = self.forward()
-        scale = eager[0].float().abs().max().clamp(min=1.0)
-        gap = max(((g.float() - e.float()).abs().max() / scale).item() for g, e in zip(graphed, eager) if e is not None)
+        saved = [t.clone() for t in self._state()]
+        graphed = [[x.clone() if x is not None else None for x in self.replay()] for _ in range(2)]
+        self._rewind(saved)
+        eager = [self.forward() for _ in range(2)]
+        gap = max(_gap(g, e) for gs, es in zip(graphed, eager) for g, e in zip(gs, es) if e is not None)
         if not gap <= self.CHECK_TOLERANCE:  # (nan fails too)
-            self._give_up(f"its first replay differs from the eager step by {gap:.3g} (relative)")
-        return eager
+            self._give_up(f"a replay differs from the eager step by {gap:.3g} (relative)")
+        self._rewind(saved)  # the slots the check wrote are written again before they are read
+        return self.forward()
 
     def _give_up(self, why: str):
-        warnings.warn(f"sampling.decode = 'cuda_graph': {why}; the static decode step runs without a graph (same tokens, slower)", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"sampling.decode = 'cuda_graph': {why}; the static decode step runs without a graph (same arithmetic, slower)", RuntimeWarning, stacklevel=5)
         self.replay = False
+
+
+def _gap(graphed: torch.Tensor, eager: torch.Tensor) -> float:
+    """max |graphed - eager| over max |eager|, over the finite values (an equal -inf is no gap)."""
+    graphed, eager = graphed.float(), eager.float()
+    diff = torch.where(graphed == eager, torch.zeros_like(eager), (graphed - eager).abs())
+    finite = eager[torch.isfinite(eager)]
+    scale = finite.abs().max().clamp(min=1.0) if finite.numel() else torch.tensor(1.0)
+    return (diff.max() / scale).item()

@@ -117,7 +117,9 @@ def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     head, backbone = model.score, getattr(model, model.base_model_prefix)
     hidden = backbone(input_ids=ids, attention_mask=att)[0]  # (N, L, H)
     last = att.sum(dim=1) - 1
-    return head(hidden[torch.arange(len(ids), device=ids.device), last])[:, label_index].float()
+    read = hidden[torch.arange(len(ids), device=ids.device), last]  # (N, H)
+    with torch.autocast(read.device.type, enabled=False):  # the head in its own precision: under a bf16 autocast the
+        return head(read.to(head.weight.dtype))[:, label_index].float()  # scores would be rounded to bf16 (ties in a group)
 
 
 def special_prefix(tokenizer) -> list[int]:

@@ -76,7 +76,7 @@ class Sampling(Group):
     responses_per_prompt: int = _f(1, "Responses sampled for each prompt (>1 for rloo/grpo).", low=1)
     dynamic: bool = _f(False, "DAPO's dynamic sampling: drop the groups whose responses all got the same raw score from the reward (their group advantages are then 0, unless the KL or the overlong penalty separates them) and sample more prompts until batch.rollout responses of informative groups are collected; needs sampling.responses_per_prompt >= 2.")
     dynamic_max_rounds: int = _f(4, "Most rollouts drawn per iteration by dynamic sampling; a batch still short after them is filled with dropped groups (verl stops the run instead).", low=1)
-    decode: str = _f("dynamic", "The KV cache of the sampling loop (decoding.py): 'dynamic' grows it per token (any model); 'static' uses fixed buffers; 'cuda_graph' replays the static step as a CUDA graph (CUDA only, checked against the eager step); 'auto' = cuda_graph on CUDA when the model supports a static cache, else dynamic. Tokens are the same either way.", DECODES)
+    decode: str = _f("dynamic", "The KV cache of the sampling loop (decoding.py): 'dynamic' grows it per token (any model); 'static' uses fixed buffers; 'cuda_graph' replays the static step as a CUDA graph (CUDA only, checked against the eager step); 'auto' = cuda_graph on CUDA when the model supports a static cache, else dynamic. The arithmetic is the same up to round-off: identical tokens in float32 on a CPU.", DECODES)
     stop_ids: tuple[int, ...] = internal((), "The token ids that end a response (from the tokenizer).")
 
     def check(self):

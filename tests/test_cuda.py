@@ -71,7 +71,7 @@ def test_the_cuda_graph_decode_is_kept_and_draws_the_tokens_of_the_eager_step(ti
     samples = {}
     for decode in ("dynamic", "static", "cuda_graph"):
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a dropped graph warns
+            warnings.filterwarnings("error", message=r"sampling.decode")  # a dropped graph warns
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
                 samples[decode] = generate(model, tokenizer, prompts, Sampling(max_new_tokens=24, stop_ids=(tokenizer.eos_token_id,), decode=decode), uniforms=uniforms, with_logprobs=True)
     assert isinstance(made[-1], decoding.GraphedDecoder) and made[-1].checked and made[-1].replay is not False
@@ -82,8 +82,18 @@ def test_the_cuda_graph_decode_is_kept_and_draws_the_tokens_of_the_eager_step(ti
         assert torch.equal(samples["cuda_graph"].response_ids, samples["dynamic"].response_ids)
 
 
-def test_a_run_with_auto_decode_uses_the_graph_and_trains_evaluates_saves_and_resumes(tiny_path, tmp_path):
+def test_a_run_with_auto_decode_uses_the_graph_and_trains_evaluates_saves_and_resumes(tiny_path, tmp_path, monkeypatch):
+    import warnings
+
+    from ppo_lab import decoding
+
+    made = []
+    make = decoding.make_decoder
+    monkeypatch.setattr("ppo_lab.sampling.make_decoder", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
     cfg = small_config(tmp_path, {"run.iterations": 2, "memory.precision": "bf16", "sampling.decode": "auto", "run.eval_interval": 1, "run.save_interval": 1})
-    trainer, history, _ = train_evaluate_resume(cfg)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=r"sampling.decode")  # a dropped graph warns
+        trainer, history, _ = train_evaluate_resume(cfg)
     assert trainer.sampling.decode == "cuda_graph"
+    assert made and all(isinstance(d, decoding.GraphedDecoder) and d.checked and d.replay is not False for d in made)
     assert history[0]["objective/kl"] == 0.0

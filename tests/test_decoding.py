@@ -4,8 +4,8 @@ The CUDA graph itself needs a GPU (test_cuda.py); what a CPU can show is checked
 cache gives the dynamic cache's tokens exactly and its log-probs, entropies and values to
 round-off (the tiny GPT-2 and a tiny Llama, left-padded prompts of several lengths); its step
 reads no value back to the host, keeps its buffers where they are and traces as one graph; the
-graph decoder's first-replay check rewinds exactly and falls back to the eager step; the choice
-is resolved and refused as documented.
+graph decoder's replay check rewinds exactly, catches a graph frozen at capture and falls back to
+the eager step; the choice is resolved and refused as documented.
 """
 
 import warnings
@@ -145,11 +145,13 @@ def test_the_static_step_traces_as_one_graph_and_draws_the_same_tokens(model, to
     _assert_same_sample(eager, _sample(model, tokenizer, "static"))
 
 
-def _cpu_graph(monkeypatch, replay_from):
+def _cpu_graph(monkeypatch, replay_from=None):
     """GraphedDecoder on a CPU: the warm-up is the eager step and `replay_from(decoder)` stands in
-    for the captured graph, so that the check, the rewind and the fallback run as on a GPU."""
+    for the captured graph (None: the real capture, which fails on a CPU), so that the check, the
+    rewind and the fallback run as on a GPU."""
     monkeypatch.setattr(GraphedDecoder, "_warm_up", lambda self: self.forward())
-    monkeypatch.setattr(GraphedDecoder, "_capture", replay_from)
+    if replay_from is not None:
+        monkeypatch.setattr(GraphedDecoder, "_capture", replay_from)
     monkeypatch.setattr("ppo_lab.decoding.resolve_decode", lambda decode, model, device: (decode, "test"))
     made = []
     monkeypatch.setattr("ppo_lab.sampling.make_decoder", lambda *a, **k: made.append(make_decoder(*a, **k)) or made[-1])
@@ -157,7 +159,7 @@ def _cpu_graph(monkeypatch, replay_from):
 
 
 def test_a_faithful_graph_is_kept_and_draws_the_same_tokens(gpt2, tokenizer, monkeypatch):
-    made = _cpu_graph(monkeypatch, lambda self: self.forward)
+    made = _cpu_graph(monkeypatch, lambda self: self.forward)  # a "graph" that runs the step itself
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         graphed = _sample(gpt2, tokenizer, "cuda_graph")
@@ -165,7 +167,7 @@ def test_a_faithful_graph_is_kept_and_draws_the_same_tokens(gpt2, tokenizer, mon
     _assert_same_sample(_sample(gpt2, tokenizer, "dynamic"), graphed)
 
 
-def test_a_graph_that_disagrees_is_dropped_and_the_tokens_stay_the_same(gpt2, tokenizer, monkeypatch):
+def test_a_graph_with_wrong_outputs_is_dropped_and_the_tokens_stay_the_same(gpt2, tokenizer, monkeypatch):
     def wrong(self):
         def replay():
             logits, state = self.forward()  # advances the buffers as the graph would ...
@@ -173,31 +175,51 @@ def test_a_graph_that_disagrees_is_dropped_and_the_tokens_stay_the_same(gpt2, to
         return replay
 
     made = _cpu_graph(monkeypatch, wrong)
-    with pytest.warns(RuntimeWarning, match=r"first replay differs from the eager step"):
+    with pytest.warns(RuntimeWarning, match=r"a replay differs from the eager step"):
         graphed = _sample(gpt2, tokenizer, "cuda_graph")
     assert made[0].replay is False
-    _assert_same_sample(_sample(gpt2, tokenizer, "dynamic"), graphed)  # the rewind wrote the same cache slot
+    _assert_same_sample(_sample(gpt2, tokenizer, "dynamic"), graphed)  # the rewind wrote the same cache slots
 
 
-def test_a_capture_that_fails_falls_back_to_the_eager_static_step(llama_tokenizer_pair, monkeypatch):
-    model, tokenizer = llama_tokenizer_pair
+def test_a_graph_that_froze_its_step_at_capture_is_caught_at_the_second_replay(gpt2, tokenizer, monkeypatch):
+    """The classic CUDA-graph bug: a value read on the host at capture is baked into the graph.
+    Such a graph is right at its first replay (the state it was captured in) and wrong after."""
+    def frozen(self):
+        captured = [t.clone() for t in self._state()]
 
-    def broken(self):
-        try:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        except RuntimeError as error:
-            self._give_up(f"capturing the decode step failed ({error})")
-        return False
+        def replay():
+            self._rewind(captured)  # every replay recomputes the captured step
+            return self.forward()
+        return replay
 
-    _cpu_graph(monkeypatch, broken)
+    made = _cpu_graph(monkeypatch, frozen)
+    with pytest.warns(RuntimeWarning, match=r"a replay differs from the eager step"):
+        graphed = _sample(gpt2, tokenizer, "cuda_graph")
+    assert made[0].replay is False
+    _assert_same_sample(_sample(gpt2, tokenizer, "dynamic"), graphed)
+
+
+def test_a_capture_that_fails_falls_back_to_the_eager_static_step_once_per_model(tokenizer, monkeypatch):
+    model = _llama(tokenizer)  # (its own model: a failed capture is remembered per model)
+    made = _cpu_graph(monkeypatch)  # the real capture, which a CPU refuses
     with pytest.warns(RuntimeWarning, match=r"capturing the decode step failed"):
         graphed = _sample(model, tokenizer, "cuda_graph")
     _assert_same_sample(_sample(model, tokenizer, "dynamic"), graphed)
+    assert model in GraphedDecoder.failed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not tried, nor warned about, again
+        again = _sample(model, tokenizer, "cuda_graph")
+    assert made[-1].replay is False
+    _assert_same_sample(graphed, again)
 
 
-@pytest.fixture
-def llama_tokenizer_pair(tokenizer):
-    return _llama(tokenizer), tokenizer
+def test_the_replay_check_treats_equal_infinities_as_equal_and_nan_as_a_difference():
+    from ppo_lab.decoding import _gap
+
+    eager = torch.tensor([[float("-inf"), 2.0, -4.0]])
+    assert _gap(eager.clone(), eager) == 0.0
+    assert _gap(torch.tensor([[float("-inf"), 2.0, -3.996]]), eager) == pytest.approx(1e-3, rel=1e-3)  # relative to max |finite| = 4
+    assert not _gap(torch.tensor([[float("nan"), 2.0, -4.0]]), eager) <= 1.0
 
 
 def test_auto_picks_the_graph_on_cuda_only_for_a_model_that_supports_a_static_cache(gpt2, tokenizer):

@@ -216,11 +216,14 @@ def test_expandable_segments_are_turned_on_for_cuda_unless_the_user_configured_t
 
     calls = []
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert set_cuda_allocator("expandable") is False and calls == []  # nothing to do on a CPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert set_cuda_allocator("default") is False and calls == []
     assert set_cuda_allocator("expandable") is True and calls == ["expandable_segments:True"]
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")  # the user's own setting wins
-    assert set_cuda_allocator("expandable") is False and calls == ["expandable_segments:True"]
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # the user's own setting wins, under either name
+        monkeypatch.setenv(name, "backend:cudaMallocAsync")
+        assert set_cuda_allocator("expandable") is False and calls == ["expandable_segments:True"]
+        monkeypatch.delenv(name)

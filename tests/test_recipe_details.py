@@ -227,6 +227,19 @@ def _read_at(model, ids, att, position):
     return model.score(hidden[torch.arange(len(ids)), position])[:, -1].float()
 
 
+def test_under_bf16_autocast_the_scores_are_not_rounded_to_bf16(eos_reward_model):
+    """The backbone runs in bf16, the score head in float32: a bf16 head would round the scores
+    to a grid (steps of 2^-5 between 4 and 8), and a group of near-equal scores would tie."""
+    rm = SequenceClassifierReward(str(eos_reward_model))
+    ids, att = encode_pairs(rm.tokenizer, ["the movie was"] * 6, ["good .", "bad .", "great fun .", "dull .", "ok .", "a mess ."], ended=[True] * 6)
+    exact = sequence_scores(rm.model, ids, att)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = sequence_scores(rm.model, ids, att)
+    assert mixed.dtype == torch.float32
+    assert (mixed.to(torch.bfloat16).float() != mixed).any()  # off the bf16 grid
+    assert torch.allclose(mixed, exact, rtol=0.05, atol=0.05)  # and near the float32 scores
+
+
 def test_sequence_scores_reads_the_last_real_token_whatever_the_padding(eos_reward_model):
     rm = SequenceClassifierReward(str(eos_reward_model))
     tok, model = rm.tokenizer, rm.model
