@@ -48,6 +48,8 @@ module                 what it holds                                   chapter
 `dpo`                  the KL-regularised optimum and DPO              8
 `checkpoint`, `resume` checkpoints and resuming a run exactly          9
 `distributed`          several processes: shard, gather, no_sync       9
+`sharding`             FSDP2: every role's weights split over the      9
+                       processes; sharded checkpoints
 `memory`               the memory of a PPO setup: estimate, measure    9
 `lora`                 LoRA adapters; the reference without a copy     9
 `syncs`                counting host-device synchronisations           9
@@ -117,7 +119,7 @@ _LAZY = {
 }
 
 
-_LAZY_MODULES = {"bandit", "batch", "book", "build", "checkpoint", "cli", "config", "config_groups", "decoding", "disagreements", "distributed", "dpo", "fields", "hf", "lora", "losses", "memory", "metrics", "models", "objective", "optimizer_step", "plotting", "reference_norm", "registry", "resume", "reward_model", "rewards", "rollout", "run_output", "sampler", "sampling", "syncs", "tasks", "tiny", "trainer"}
+_LAZY_MODULES = {"bandit", "batch", "book", "build", "checkpoint", "cli", "config", "config_groups", "decoding", "disagreements", "distributed", "dpo", "fields", "hf", "lora", "losses", "memory", "metrics", "models", "objective", "optimizer_step", "plotting", "reference_norm", "registry", "resume", "reward_model", "rewards", "rollout", "run_output", "sampler", "sampling", "sharding", "syncs", "tasks", "tiny", "trainer"}
 
 
 def __getattr__(name):

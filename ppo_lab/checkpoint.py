@@ -102,6 +102,7 @@ def save_checkpoint(
     objects: dict[str, object],
     state: dict,
     keep: int | None = None,
+    folders: dict[str, Path] | None = None,
 ) -> Path:
     """Write checkpoint `iteration` under `root` atomically; keep the newest `keep` ones.
 
@@ -113,6 +114,8 @@ def save_checkpoint(
             each written as `name.pt` and read back with `weights_only=True`.
         state: JSON-serialisable trainer state, written as `trainer_state.json`.
         keep: delete all but the newest `keep` complete checkpoints afterwards (None: keep all).
+        folders: name -> a folder already written (a sharded checkpoint's, by every process),
+            moved into the checkpoint as `name/` and covered by the manifest like the files.
 
     Returns:
         The final folder.
@@ -136,8 +139,10 @@ def save_checkpoint(
         for name, obj in objects.items():
             _write_file(tmp / f"{name}.pt", lambda p, obj=obj: torch.save(obj, p))
         _write_file(tmp / "trainer_state.json", lambda p: p.write_text(json.dumps(state)))
-        for path in sorted(tmp.iterdir()):
-            manifest["files"][path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        for name, folder in (folders or {}).items():
+            Path(folder).rename(tmp / name)
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            manifest["files"][path.relative_to(tmp).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
         _write_file(tmp / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1)))
         _fsync_dir(tmp)
     except (OSError, RuntimeError, SafetensorError) as err:
@@ -230,6 +235,8 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, dict[str, torch.Tensor]
     manifest = verify_checkpoint(path)
     tensors, objects = {}, {}
     for name in manifest["files"]:
+        if "/" in name:  # a folder's file (a sharded checkpoint's), read by its own loader
+            continue
         stem, suffix = name.rsplit(".", 1)
         if suffix == "safetensors":
             sd = load_file(str(path / name))

@@ -198,6 +198,7 @@ class Memory(Group):
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass (policy and critic) to save memory.")
     logprob_chunk: int | None = _f(None, "Compute log-probs and entropies this many response tokens at a time: the LM head runs on one chunk of hidden states, and in training is recomputed chunk by chunk in the backward pass, so the float32 (tokens x vocabulary) logits of a whole micro-batch never exist (None = all at once).", low=1)
     compile: bool = _f(False, "Compile the training forwards with torch.compile.")
+    sharding: str = _f("none", "How the roles' weights, gradients and optimizer state are split over the processes: 'none' (DDP: each process holds them whole) or 'fsdp2' (PyTorch FSDP2's fully_shard on every decoder block and model: each process holds 1/N; launch with accelerate launch or torchrun).", ("none", "fsdp2"))
     cuda_allocator: str = _f("expandable", "CUDA only: 'expandable' turns on the caching allocator's expandable segments when the run starts (unless PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF is set), which keeps reserved memory near allocated memory (16.0 GiB reserved on the 271M GPU benchmark against 35.1 in the run before it; that one run was 9% slower, not settled); 'default' leaves the allocator as it is.", ("expandable", "default"), resume="free")
 
 

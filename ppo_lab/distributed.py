@@ -20,21 +20,22 @@ from .batch import padding
 def check_distributed_backend(kind) -> None:
     """Refuse the accelerate backends under which this trainer is not known to be correct.
 
-    One process, and DDP over several (`accelerate launch --multi_gpu`, or CPU processes),
-    are what runs: tests/test_distributed.py checks that 2 processes compute what 1 does.
-    FSDP and DeepSpeed need more than a wrapper here (the optimizer built after `prepare`,
-    sharded checkpoints, a global gradient norm, DeepSpeed's own optimizer step inside
-    `backward`), and none of it could be run and checked, so they are refused rather than
-    allowed to train silently wrong.
+    One process, and several (`accelerate launch --multi_gpu`, or CPU processes) under DDP or
+    `ppo_lab`'s own FSDP2 (`memory.sharding: fsdp2`, sharding.py) are what runs:
+    tests/test_distributed.py and tests/test_sharding.py check that 2 processes compute what 1
+    does. accelerate's FSDP and DeepSpeed types would wrap the models their own way (the
+    optimizer, the checkpoints, the gradient norm, DeepSpeed's optimizer step inside
+    `backward`), which ppo_lab has not run and checked, so they are refused rather than allowed
+    to train silently wrong.
     """
     name = getattr(kind, "value", str(kind))
     if name == "NO" or name.startswith("MULTI_"):
         return
     raise ValueError(
         f"accelerate's distributed type {name} is not supported by ppo_lab: it runs on one device, or on "
-        "several with DDP (accelerate launch --multi_gpu). FSDP and DeepSpeed are refused because their "
-        "optimizer, checkpoint and gradient-clipping paths are not implemented or tested in ppo_lab; to fit a "
-        "larger model on each GPU use lora.r, memory.gradient_checkpointing and memory.precision: bf16"
+        "several with DDP (accelerate launch --multi_gpu). To shard the models over the processes, keep accelerate's "
+        "type multi-GPU and set memory.sharding: fsdp2 (ppo_lab's own FSDP2); accelerate's FSDP and DeepSpeed "
+        "types are refused because their optimizer, checkpoint and gradient-clipping paths are not ppo_lab's"
     )
 
 

@@ -70,6 +70,8 @@ class TensorMemory(TorchDispatchMode):
         return self
 
     def _add(self, t: torch.Tensor) -> None:
+        if hasattr(t, "to_local"):  # a sharded DTensor: this process holds its local shard
+            t = t.to_local()
         if t.is_meta or t.layout != torch.strided:
             return
         storage = t.untyped_storage()

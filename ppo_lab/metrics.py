@@ -123,8 +123,16 @@ def rollout_problems(rollout, whiten: bool, reward_name: str) -> list[tuple[str,
 
 @torch.no_grad()
 def weight_norm(parameters: list[torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of all `parameters` together, as a 0-dim tensor (no read-back)."""
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach().float()) for p in parameters]))
+    """The L2 norm of all `parameters` together, as a 0-dim tensor (no read-back). Sharded
+    parameters (FSDP2's DTensors) count whole: the squares of every process's shards are summed
+    in one all-reduce."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in parameters]
+    squares = torch.stack([torch.linalg.vector_norm(p.detach().float()) for p in local]).square().sum()
+    if len(local) and any(hasattr(p, "to_local") for p in parameters):
+        import torch.distributed as dist
+
+        dist.all_reduce(squares)  # (sharded parameters are sharded on every process alike)
+    return squares.sqrt()
 
 
 def weights_problem(before: float, after: float) -> str | None:

@@ -243,7 +243,9 @@ class Critic(nn.Module):
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **self._no_cache).last_hidden_state
         if self.pooling == "mean":
             hidden = causal_mean_pool(hidden, attention_mask)
-        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)  # (B, L)
+        # (B, L); a new tensor, not a view of the head's output: FSDP2 warns of views, whose
+        # in-place changes would skip its backward hook
+        return torch.flatten(self.head(hidden.to(self.head.weight.dtype)), start_dim=1).clone()
 
 
 def load_critic(name: str, trust_remote_code: bool = False, pooling: str = "token") -> Critic:

@@ -125,8 +125,9 @@ class OptimizerStep:
         # build_optimizer names the groups (a checkpoint's optimizer state from before it did not: by order)
         groups = {group.get("name", ("policy", "critic")[i]): group["params"] for i, group in enumerate(self.optimizer.param_groups)}
         device = acc.device
+        whole = lambda norm: (norm.full_tensor() if hasattr(norm, "full_tensor") else torch.as_tensor(norm)).detach().float().to(device)  # noqa: E731 (a sharded norm)
         if self.clip_scope == "global" or "critic" not in groups:
             params = [p for group in self.optimizer.param_groups for p in group["params"]]
-            return {"policy/grad_norm": torch.as_tensor(acc.clip_grad_norm_(params, limit)).detach().float().to(device)}
+            return {"policy/grad_norm": whole(acc.clip_grad_norm_(params, limit))}
         acc.unscale_gradients()  # (fp16: once for the whole optimizer, before either norm)
-        return {f"{name}/grad_norm": torch.nn.utils.clip_grad_norm_(groups[name], limit).detach().float().to(device) for name in ("policy", "critic")}
+        return {f"{name}/grad_norm": whole(torch.nn.utils.clip_grad_norm_(groups[name], limit)) for name in ("policy", "critic")}

@@ -9,6 +9,7 @@ generator, every global random generator, and the history. The files and their g
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from .checkpoint import (
@@ -23,17 +24,33 @@ from .checkpoint import (
 from .config import upgrade
 
 
+def _models(trainer) -> dict:
+    """The trained models by role, without accelerate's wrappers."""
+    return {"policy": trainer.bare(trainer.policy), "critic": trainer.bare(trainer.critic) if trainer.critic is not None else None}
+
+
 def save_trainer_checkpoint(trainer) -> Path:
     """Write a full checkpoint of `trainer` (a `PPOTrainer`) to output_dir/checkpoints: weights,
     optimizer, scheduler, KL controllers, prompt order, every random generator, the history."""
     root = trainer.output_dir / "checkpoints"
     path = root / checkpoint_name(trainer.iteration)
+    sharded = trainer.sharding.distributed  # the weights and the optimizer written by every process (DCP)
+    folder = root / f"{path.name}.sharded-tmp"  # (the same name on every process)
+    if sharded:
+        if trainer.accelerator.is_main_process:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)  # a crashed save's leftovers
+        trainer.accelerator.wait_for_everyone()
+        trainer.sharding.save_state(folder, _models(trainer), trainer.optimizer)
+        trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         rng, generators = random_state()
-        tensors = {"policy": trainer.bare(trainer.policy).state_dict(), "rng": rng}
-        if trainer.critic is not None:
-            tensors["critic"] = trainer.bare(trainer.critic).state_dict()
-        objects = {"optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict()}
+        tensors, objects = {"rng": rng}, {"scheduler": trainer.scheduler.state_dict()}
+        if not sharded:
+            tensors["policy"] = trainer.bare(trainer.policy).state_dict()
+            if trainer.critic is not None:
+                tensors["critic"] = trainer.bare(trainer.critic).state_dict()
+            objects["optimizer"] = trainer.optimizer.state_dict()
         state = {
             "iteration": trainer.iteration, "bad_updates": trainer.health.bad_updates, "kl_ctl": trainer.kl_ctl.state_dict(),
             "penalty_ctl": trainer.penalty_ctl.state_dict() if trainer.penalty_ctl is not None else None,
@@ -41,7 +58,8 @@ def save_trainer_checkpoint(trainer) -> Path:
             "history": trainer.history, "config": trainer.config.to_dict(), "run_id": trainer.run_id,
             "score_map": [trainer.score_gain, trainer.score_bias],
         }
-        path = save_checkpoint(root, trainer.iteration, tensors, objects, state, keep=trainer.config.run.keep_checkpoints)
+        path = save_checkpoint(root, trainer.iteration, tensors, objects, state, keep=trainer.config.run.keep_checkpoints,
+                               folders={"sharded": folder} if sharded else None)
     trainer.accelerator.wait_for_everyone()
     return path
 
@@ -64,13 +82,19 @@ def load_trainer_checkpoint(trainer, where: str | Path) -> Path:
             f"checkpoint {str(path)!r} belongs to another run than the one in run.output_dir {str(trainer.output_dir)!r} "
             "(its run.json names a different run); resume into the checkpoint's own run.output_dir"
         )
-    if trainer.critic is not None and "critic" not in tensors:
+    sharded = (path / "sharded").is_dir()  # written by FSDP2's processes: read on any number of processes
+    if trainer.critic is not None and "critic" not in tensors and not sharded:
         raise ValueError(f"checkpoint {str(path)!r} has no critic, but this run uses a separate critic")
+    if trainer.sharding.distributed and not sharded:
+        raise ValueError(f"checkpoint {str(path)!r} was written without sharding; resume it with memory.sharding = 'none'")
     try:
-        for role, model in (("policy", trainer.policy), ("critic", trainer.critic)):
+        if sharded:
+            trainer.sharding.load_state(path / "sharded", _models(trainer), trainer.optimizer)
+        for role, model in (("policy", trainer.policy), ("critic", trainer.critic)) if not sharded else ():
             if model is not None:  # (checkpoints of compiled runs written before the wrapper was stripped)
                 trainer.bare(model).load_state_dict({k.replace("_orig_mod.", ""): t for k, t in tensors[role].items()})
-        trainer.optimizer.load_state_dict(objects["optimizer"])
+        if not sharded:
+            trainer.optimizer.load_state_dict(objects["optimizer"])
     except (RuntimeError, ValueError) as err:
         lines = str(err).strip().splitlines()
         detail = next((x.strip() for x in lines if "size mismatch" in x or "Missing" in x or "Unexpected" in x or "groups" in x), lines[0] if lines else "")

@@ -212,9 +212,10 @@ class RunOutput:
         return folder
 
 
-def save_policy(lm, tokenizer, folder, lora: bool = False) -> None:
+def save_policy(lm, tokenizer, folder, lora: bool = False, state_dict: dict | None = None) -> None:
     """`save_pretrained` of the policy and its tokenizer into `folder`; a LoRA policy is saved
-    merged (base + adapter), so that the folder loads without peft."""
+    merged (base + adapter), so that the folder loads without peft. `state_dict`: the policy's
+    full weights when `lm`'s own are sharded (`sharding.full_state_dict`)."""
     from .hf import quiet_transformers
 
     with quiet_transformers():
@@ -223,7 +224,7 @@ def save_policy(lm, tokenizer, folder, lora: bool = False) -> None:
 
             save_lora(lm, folder, merged=True)
         else:
-            lm.save_pretrained(folder)
+            lm.save_pretrained(folder, **({"state_dict": state_dict} if state_dict is not None else {}))
         tokenizer.save_pretrained(folder)
 
 

@@ -66,6 +66,7 @@ from .rollout import check_chunkable, critic_values, response_logprobs, score_to
 from .run_output import RunOutput, save_policy
 from .sampler import Sampler
 from .sampling import generate
+from .sharding import sharding_for
 from .shaping import reference_normalization
 
 
@@ -100,11 +101,12 @@ class PPOTrainer:
         self.task = task.builtin  # the built-in task (ppo_lab.tasks), None when prompts and reward were given
         self.train_prompts, self.eval_prompts, self.reward_fn, self.reward_name = task.train_prompts, task.eval_prompts, task.reward_fn, task.reward_name
         roles = build_roles(cfg, task, self.device, policy, tokenizer)
-        self.tokenizer, self.reference, self.sampling = roles.tokenizer, roles.reference, roles.sampling
-        optimizer, self.scheduler = build_optimizer(cfg, roles.policy, roles.critic)
-        models = [m for m in (roles.policy, roles.critic) if m is not None]
-        *models, self.optimizer = self.accelerator.prepare(*models, optimizer)
-        self.policy, self.critic = models[0], (models[1] if roles.critic is not None else None)
+        self.sharding = sharding_for(cfg.memory.sharding, self.device, cfg.memory.precision)  # DDP, or every role sharded (chapter 9)
+        self.tokenizer, self.reference, self.sampling = roles.tokenizer, self.sharding.shard(roles.reference), roles.sampling
+        policy, critic = self.sharding.shard(roles.policy), self.sharding.shard(roles.critic)  # (before the optimizer sees them)
+        optimizer, self.scheduler = build_optimizer(cfg, policy, critic)
+        models, self.optimizer = self.sharding.prepare(self.accelerator, [m for m in (policy, critic) if m is not None], optimizer)
+        self.policy, self.critic = models[0], (models[1] if critic is not None else None)
         self.stepper = OptimizerStep(
             self.accelerator, self.optimizer, self.scheduler, models, minibatch_size=cfg.batch.minibatch, accumulation=cfg.batch.accumulation_steps,
             loss_agg=cfg.loss.aggregation, max_grad_norm=cfg.optim.max_grad_norm, clip_scope=cfg.optim.clip_scope, target_kl=cfg.optim.early_stop_kl,
@@ -149,11 +151,9 @@ class PPOTrainer:
         return policy.lm if isinstance(policy, PolicyWithValueHead) else policy
 
     def set_training(self, training: bool) -> None:
-        """Train mode for the update, eval mode for sampling and scoring. Dropout is off either
-        way; the mode matters for gradient checkpointing, which is active in train mode only."""
-        for model in (self.policy, self.critic):
-            if model is not None:
-                model.train(training)
+        """Train mode for the update, eval mode for sampling and scoring (dropout is off either way; gradient checkpointing acts in train mode only)."""
+        for model in (m for m in (self.policy, self.critic) if m is not None):
+            model.train(training)
 
     def trained_parameters(self) -> list[torch.Tensor]:
         """Every parameter the optimizer updates (policy and critic)."""
@@ -182,7 +182,7 @@ class PPOTrainer:
         # reference then agree exactly before the first update, and the bf16 copies of the
         # weights are made once per rollout, not once per token.
         with self.accelerator.autocast():
-            with self.sampler.autocast(self.device.type):
+            with self.sampler.autocast(self.device.type), self.sharding.gathered(self.policy):
                 # the sampler's log-probs are kept beside the trainer's (computed from the logits each token was drawn from)
                 drawn = generate(
                     self.sampler.model(self.lm, self.iteration), self.tokenizer, mine, self.sampling, device=self.device, uniforms=uniforms,
@@ -340,7 +340,7 @@ class PPOTrainer:
         prompts = self.eval_prompts[: n or self.config.run.eval_count]
         uniforms = torch.rand(len(prompts), self.sampling.max_new_tokens, generator=draws(self.config.run.seed if seed is None else seed, None, "eval"))
         self.set_training(False)
-        with self.accelerator.autocast():
+        with self.accelerator.autocast(), self.sharding.gathered(self.policy):
             drawn = generate(self.lm, self.tokenizer, prompts, self.sampling, device=self.device, uniforms=uniforms)
         responses = self.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
         scores = self.score(prompts, responses, drawn)
@@ -381,11 +381,11 @@ class PPOTrainer:
 
     # --- saving and resuming ------------------------------------------------------------------
     def save(self, folder: str | Path) -> Path:
-        """Save the policy and tokenizer with `save_pretrained` (loadable as a hub model). A LoRA
-        policy is saved merged (base + adapter), so the folder loads without peft."""
+        """Save the policy and tokenizer with `save_pretrained` (a hub model's folder; a LoRA policy merged, loadable without peft)."""
         if note := self.health.collapse.saving(self.iteration, f"the policy saved to {str(folder)!r}"):
             warnings.warn(note, RuntimeWarning, stacklevel=2)
-        return self.out.save_folder(folder, lambda tmp: save_policy(self.lm, self.tokenizer, tmp, lora=self.config.lora.r > 0))
+        state = self.sharding.full_state_dict(self.policy, self.lm)  # (every process gathers; None unsharded)
+        return self.out.save_folder(folder, lambda tmp: save_policy(self.lm, self.tokenizer, tmp, lora=self.config.lora.r > 0, state_dict=state))
 
     def save_checkpoint(self) -> Path:
         """Write a full checkpoint of the run to output_dir/checkpoints (see `ppo_lab.resume`)."""

@@ -98,13 +98,14 @@ def train_evaluate_resume(cfg, **trainer_kwargs):
 
     assert cfg.run.eval_interval == 1 and cfg.run.save_interval == 1, "evaluate and save at every iteration"
     trainer = PPOTrainer(cfg, **trainer_kwargs)
-    trainable = {n: p.detach().clone() for n, p in trainer.bare(trainer.policy).named_parameters() if p.requires_grad}
+    whole = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t  # noqa: E731 (a sharded DTensor)
+    trainable = {n: whole(p.detach()).clone() for n, p in trainer.bare(trainer.policy).named_parameters() if p.requires_grad}
     history = trainer.train()
     assert [m["iteration"] for m in history] == list(range(1, cfg.run.iterations + 1))
     assert all(m["train/skipped_updates"] == 0.0 and m["policy/steps"] >= 1 for m in history)
     bad = [k for m in history for k, v in stable(m).items() if isinstance(v, float) and not math.isfinite(v)]
     assert not bad, bad
-    now = dict(trainer.bare(trainer.policy).named_parameters())
+    now = {n: whole(p.detach()) for n, p in trainer.bare(trainer.policy).named_parameters()}
     assert [n for n, p in trainable.items() if torch.equal(now[n], p)] == []
     assert "eval/score_mean" in history[-1] and (Path(cfg.run.output_dir) / "policy").is_dir()
     resumed = PPOTrainer(cfg.replace({"run.resume_from": "latest"}), **trainer_kwargs)
@@ -116,5 +117,5 @@ def train_evaluate_resume(cfg, **trainer_kwargs):
         saved, loaded = trainer.bare(getattr(trainer, role)).state_dict(), resumed.bare(getattr(resumed, role)).state_dict()
         assert saved.keys() == loaded.keys(), role
         for name, a in saved.items():
-            torch.testing.assert_close(a, loaded[name].to(a.device), rtol=0, atol=0, msg=f"{role}: {name}")
+            torch.testing.assert_close(whole(a), whole(loaded[name]).to(a.device), rtol=0, atol=0, msg=f"{role}: {name}")
     return trainer, history, resumed

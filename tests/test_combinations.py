@@ -35,6 +35,7 @@ SWITCHES = {
     "sampler.correction": ["none", "tis", "mis"], "sampler.noise": [0.0, 0.05],
     "sampling.dynamic": [False, True], "reward.overlong_buffer": [0, 2],
     "advantage.drop_truncated": [False, True], "sampling.decode": ["dynamic", "static"],
+    "memory.sharding": ["none", "fsdp2"],  # (fsdp2 in this one process: a world of one)
 }
 BASE = {
     "sampling.responses_per_prompt": 2, "run.iterations": 2, "run.eval_interval": 1, "run.save_interval": 1,

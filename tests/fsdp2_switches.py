@@ -1,0 +1,44 @@
+"""Run by tests/test_sharding.py under `accelerate launch`: the trainer's switches with FSDP2, each
+2 iterations with evaluation and a checkpoint at each, then resumed (JSON to argv[2])."""
+
+import json
+import sys
+
+import torch
+
+from ppo_lab import PPOConfig, PPOTrainer
+
+BASE = {
+    "batch.rollout": 16, "batch.minibatch": 8, "batch.epochs": 2, "sampling.max_new_tokens": 8, "run.iterations": 2,
+    "run.eval_interval": 1, "run.eval_count": 4, "run.save_interval": 1, "run.progress_bar": False, "memory.sharding": "fsdp2",
+}
+CASES = {
+    "bf16, separate critic": {"memory.precision": "bf16"},
+    "bf16, shared critic": {"memory.precision": "bf16", "critic.design": "shared"},
+    "gradient checkpointing": {"memory.gradient_checkpointing": True},
+    "grpo, no critic": {"critic.design": "none", "advantage.estimator": "grpo", "sampling.responses_per_prompt": 4},
+    "batch.forward and accumulation": {"batch.forward": 4, "batch.accumulation_steps": 2},
+}
+
+
+def main(root: str, out: str) -> None:
+    torch.set_num_threads(1)
+    results = {}
+    for i, (name, settings) in enumerate(CASES.items()):
+        cfg = PPOConfig(**BASE, **settings, **{"run.output_dir": f"{root}/{i}"})
+        trainer = PPOTrainer(cfg)
+        history = trainer.train()
+        resumed = PPOTrainer(cfg.replace({"run.resume_from": "latest"}))
+        results[name] = {
+            "iterations": [m["iteration"] for m in history], "steps": [m["policy/steps"] for m in history],
+            "first_kl": history[0]["objective/kl"], "eval": "eval/score_mean" in history[-1],
+            "resumed_at": resumed.iteration, "kl_coef_equal": resumed.kl_ctl.value == trainer.kl_ctl.value,
+            "policy_saved": (trainer.output_dir / "policy" / "config.json").is_file(),
+        }
+    if torch.distributed.get_rank() == 0:
+        with open(out, "w") as fh:
+            json.dump(results, fh)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,131 @@
+"""FSDP2 (`memory.sharding: fsdp2`) on CPU with gloo: 2 sharded processes compute what 1 unsharded
+process computes, and a sharded rollout whose processes stop at different steps finishes."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import stable
+
+HERE = Path(__file__).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(script, *args, timeout=540):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(HERE.parent)}
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(_free_port()), str(HERE / script), *map(str, args),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.timeout(600)
+def test_two_sharded_processes_compute_what_one_unsharded_process_does(tiny_path, tmp_path):
+    sys.path.insert(0, str(HERE))
+    from fsdp2_run import run
+
+    # Value clipping off: a reduce-scatter sums in another order than one process does, and at
+    # the third iteration that round-off once moved a value across the clip boundary (value/clipfrac
+    # 1/144 against 0). Every other metric then agrees to 1e-4.
+    extra = {"critic.clip": None}
+    out = tmp_path / "two.json"
+    _launch("fsdp2_run.py", tmp_path / "run2", 1, out, "fsdp2", json.dumps(extra))
+    two = json.loads(out.read_text())
+    one = run(str(tmp_path / "run1"), 2, "none", extra)
+    assert (two["processes"], one["processes"]) == (2, 1)
+    # each process holds about half of the weights, gradients and AdamW moments (dim-0 shards,
+    # the odd row padded) of the policy and the critic
+    assert 0.45 < two["held_bytes"] / one["held_bytes"] < 0.55, (two["held_bytes"], one["held_bytes"])
+    assert len(two["history"]) == len(one["history"]) == 3
+    for a, b in zip(one["history"], two["history"]):
+        a, b = stable(a), stable(b)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    import torch
+
+    a, b = (torch.load(tmp_path / run / "weights.pt") for run in ("run1", "run2"))
+    assert a.keys() == b.keys()
+    for name in a:
+        if name.endswith("attn.c_attn.bias"):
+            # the keys' bias has a zero gradient in exact arithmetic (softmax ignores a shift
+            # shared by a query's scores), so AdamW turns the two runs' different round-off
+            # into steps of up to lr: 12 steps of lr 3e-4 bound it; the query and value biases agree
+            d = a[name].shape[0] // 3
+            torch.testing.assert_close(b[name][d : 2 * d], a[name][d : 2 * d], rtol=0, atol=12 * 3e-4)
+            a[name], b[name] = torch.cat([a[name][:d], a[name][2 * d :]]), torch.cat([b[name][:d], b[name][2 * d :]])
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
+    from transformers import AutoModelForCausalLM  # the exported policy is a plain folder
+
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "run2" / "policy") is not None
+
+
+@pytest.mark.timeout(300)
+def test_a_sharded_rollout_with_uneven_stops_finishes_and_issues_no_collective_while_decoding(tiny_path, tmp_path):
+    out = tmp_path / "rollout.json"
+    _launch("fsdp2_rollout.py", out, timeout=240)
+    ranks = {r["rank"]: r for r in json.loads(out.read_text())}
+    assert ranks[1]["steps"] == 1 and ranks[0]["steps"] > 1  # the processes took different numbers of steps
+    assert ranks[0]["inside"] == ranks[1]["inside"] == 0  # no collective inside the decode loop
+    assert ranks[0]["forward_outside"] > 0  # (the spy does see a sharded forward's all-gathers)
+
+
+@pytest.mark.timeout(600)
+def test_a_sharded_checkpoint_resumes_exactly_and_loads_on_one_process(tiny_path, tmp_path):
+    sys.path.insert(0, str(HERE))
+    from fsdp2_resume import SETTINGS
+
+    from ppo_lab import PPOConfig, PPOTrainer
+
+    out = tmp_path / "resume.json"
+    _launch("fsdp2_resume.py", tmp_path / "run", out)
+    result = json.loads(out.read_text())
+    # on the same world size: the resumed third iteration is the unbroken one, to the bit
+    assert stable(result["resumed"]) == stable(result["unbroken"])
+    assert result["same_weights"]
+    checkpoint = Path(result["checkpoint"])
+    assert (checkpoint / "sharded").is_dir() and not (checkpoint / "policy.safetensors").exists()
+    # on one process without sharding (2 micro-batches, the 2 processes' split): the shards are
+    # put together, and the run goes on alike
+    one = PPOTrainer(PPOConfig(**SETTINGS, **{
+        "run.output_dir": str(checkpoint.parent.parent), "run.resume_from": str(checkpoint), "batch.accumulation_steps": 2,
+    }))
+    assert one.iteration == 2
+    row = one.train()[-1]
+    for key, value in stable(result["unbroken"]).items():
+        assert row[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.timeout(900)
+def test_the_switches_run_sharded_with_evaluation_checkpoints_and_resume(tiny_path, tmp_path):
+    out = tmp_path / "switches.json"
+    _launch("fsdp2_switches.py", tmp_path / "runs", out, timeout=840)
+    results = json.loads(out.read_text())
+    assert len(results) == 5
+    for name, r in results.items():
+        assert r["iterations"] == [1, 2] and min(r["steps"]) >= 1, name
+        assert r["eval"] and r["policy_saved"] and r["resumed_at"] == 2 and r["kl_coef_equal"], name
+        if name.startswith("bf16"):
+            assert r["first_kl"] == 0.0, name  # policy and reference sharded under one bf16 policy
+
+
+def test_sharding_refuses_the_switches_it_does_not_run_with_yet():
+    from ppo_lab import PPOConfig
+
+    for setting in ({"lora.r": 4}, {"memory.logprob_chunk": 4}, {"sampler.noise": 0.1}, {"memory.compile": True}):
+        with pytest.raises(ValueError, match=f"memory.sharding = 'fsdp2' does not run with {next(iter(setting))}"):
+            PPOConfig(**{"memory.sharding": "fsdp2", **setting})
