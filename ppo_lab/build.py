@@ -274,6 +274,7 @@ def build_roles(cfg: PPOConfig, task: TaskSetup, device, policy=None, tokenizer=
                 enable_checkpointing(model)
     # "auto" is settled here, once, and the run's sampling settings hold the decoder it chose
     decode, _ = resolve_decode(cfg.sampling.decode, lm, device)
+    decode = "dynamic" if decode == "cuda_graph" and cfg.memory.sharding != "none" else decode  # (FSDP2's root forward waits on its own streams: not capturable)
     sampling = dataclasses.replace(cfg.sampling, stop_ids=() if cfg.sampling.ignore_eos else stop_ids, decode=decode)
     return Roles(tokenizer, PolicyWithValueHead(lm) if cfg.critic.design == "shared" else lm, reference, critic, sampling)
 

@@ -126,12 +126,16 @@ def weight_norm(parameters: list[torch.Tensor]) -> torch.Tensor:
     """The L2 norm of all `parameters` together, as a 0-dim tensor (no read-back). Sharded
     parameters (FSDP2's DTensors) count whole: the squares of every process's shards are summed
     in one all-reduce."""
-    local = [p.to_local() if hasattr(p, "to_local") else p for p in parameters]
-    squares = torch.stack([torch.linalg.vector_norm(p.detach().float()) for p in local]).square().sum()
-    if len(local) and any(hasattr(p, "to_local") for p in parameters):
+    device = parameters[0].device if parameters else None
+    square = lambda ps: torch.stack([torch.linalg.vector_norm(p.detach().float()) for p in ps]).square().sum() if ps else torch.zeros((), device=device)  # noqa: E731
+    sharded = [p.to_local() for p in parameters if hasattr(p, "to_local")]
+    squares = square([p for p in parameters if not hasattr(p, "to_local")])
+    if sharded:
         import torch.distributed as dist
 
-        dist.all_reduce(squares)  # (sharded parameters are sharded on every process alike)
+        part = square(sharded)
+        dist.all_reduce(part)  # every process's shards; the unsharded parameters counted once
+        squares = squares + part
     return squares.sqrt()
 
 

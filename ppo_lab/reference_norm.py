@@ -31,12 +31,14 @@ def reference_scores(trainer, n: int) -> torch.Tensor:
     uniforms = torch.rand(n, trainer.sampling.max_new_tokens, generator=g)
     lo, hi = dist.shard(acc, n)
     scores = torch.zeros(0, device=trainer.device)
-    if hi > lo:
-        trainer.set_training(False)
-        with acc.autocast():
-            drawn = generate(trainer.lm, trainer.tokenizer, prompts[lo:hi], trainer.sampling, device=trainer.device, uniforms=uniforms[lo:hi])
-        responses = trainer.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
-        scores = trainer.score(prompts[lo:hi], responses, drawn).to(trainer.device)
+    trainer.set_training(False)
+    # sharded, every process gathers the policy (a collective), then samples its share alone
+    with trainer.sharding.gathered(trainer.policy):
+        if hi > lo:
+            with acc.autocast():
+                drawn = generate(trainer.lm, trainer.tokenizer, prompts[lo:hi], trainer.sampling, device=trainer.device, uniforms=uniforms[lo:hi])
+            responses = trainer.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
+            scores = trainer.score(prompts[lo:hi], responses, drawn).to(trainer.device)
     if acc.num_processes == 1:
         return scores.cpu()
     # shares differ by one at most: gather them padded to the same length, then cut the padding

@@ -12,6 +12,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from torch.distributed.checkpoint.api import CheckpointException
+
 from .checkpoint import (
     checkpoint_name,
     find_checkpoint,
@@ -22,6 +24,13 @@ from .checkpoint import (
     warn_if_config_changed,
 )
 from .config import upgrade
+
+
+def _has_critic(folder: Path) -> bool:
+    """Whether a sharded checkpoint's folder holds a critic's weights."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return any(key.startswith("models.critic.") for key in FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
 
 
 def _models(trainer) -> dict:
@@ -35,7 +44,7 @@ def save_trainer_checkpoint(trainer) -> Path:
     root = trainer.output_dir / "checkpoints"
     path = root / checkpoint_name(trainer.iteration)
     sharded = trainer.sharding.distributed  # the weights and the optimizer written by every process (DCP)
-    folder = root / f"{path.name}.sharded-tmp"  # (the same name on every process)
+    folder = root / f"{path.name}.tmp-sharded"  # (the same name on every process; a killed write's is removed like the others)
     if sharded:
         if trainer.accelerator.is_main_process:
             root.mkdir(parents=True, exist_ok=True)
@@ -85,6 +94,8 @@ def load_trainer_checkpoint(trainer, where: str | Path) -> Path:
     sharded = (path / "sharded").is_dir()  # written by FSDP2's processes: read on any number of processes
     if trainer.critic is not None and "critic" not in tensors and not sharded:
         raise ValueError(f"checkpoint {str(path)!r} has no critic, but this run uses a separate critic")
+    if sharded and trainer.critic is not None and not _has_critic(path / "sharded"):
+        raise ValueError(f"checkpoint {str(path)!r} has no critic, but this run uses a separate critic")
     if trainer.sharding.distributed and not sharded:
         raise ValueError(f"checkpoint {str(path)!r} was written without sharding; resume it with memory.sharding = 'none'")
     try:
@@ -95,7 +106,7 @@ def load_trainer_checkpoint(trainer, where: str | Path) -> Path:
                 trainer.bare(model).load_state_dict({k.replace("_orig_mod.", ""): t for k, t in tensors[role].items()})
         if not sharded:
             trainer.optimizer.load_state_dict(objects["optimizer"])
-    except (RuntimeError, ValueError) as err:
+    except (RuntimeError, ValueError, CheckpointException) as err:  # (DCP's is a BaseException)
         lines = str(err).strip().splitlines()
         detail = next((x.strip() for x in lines if "size mismatch" in x or "Missing" in x or "Unexpected" in x or "groups" in x), lines[0] if lines else "")
         raise ValueError(f"checkpoint {str(path)!r} does not fit the models of this configuration: {detail[:240]}" + (" ..." if len(detail) > 240 else "")) from err

@@ -17,11 +17,14 @@ always calls:
   its longest response, which differs between processes: gathering per token would hang the
   process whose rows stopped first. Gathered, the loop issues no collective at all;
 - `save_state` / `load_state`: the models and the optimizer through
-  `torch.distributed.checkpoint`, each process writing its shards; read back on any number of
-  processes (the shards are re-cut), one unsharded process included;
+  `torch.distributed.checkpoint`, each process writing its shards into one folder (a file
+  system every process sees); read back on the same number of processes, or on one unsharded
+  process (the two tested); DCP re-cuts the shards for other counts;
 - `full_state_dict(model, lm)`: the policy's weights gathered whole, for the final save.
 
-Without a process group (a notebook, a script, a test) `fsdp2` makes a world of one, in memory.
+Without a process group (a notebook, a script, a test) `fsdp2` makes a world of one, in memory,
+which stays for the life of the process. The whole policy is held during sampling (gathered),
+so sharding lowers the peak of the update, not of the rollout.
 With `none` every method is what the unsharded trainer did.
 """
 
@@ -107,7 +110,7 @@ class FSDP2Sharding(NoSharding):
 
         if model is None or next(model.parameters(), None) is None:
             return model  # nothing of its own to shard (LoRA's reference is the policy with its adapter off)
-        for block in decoder_blocks(model):
+        for block in reversed(decoder_blocks(model)):  # innermost first, as FSDP2 nests
             fully_shard(block, mesh=self.mesh, mp_policy=self.policy)
         fully_shard(model, mesh=self.mesh, mp_policy=self.policy)
         return model
@@ -116,8 +119,9 @@ class FSDP2Sharding(NoSharding):
         return list(models), accelerator.prepare(optimizer)
 
     def full_state_dict(self, model, lm) -> dict:
-        """`lm`'s weights gathered whole on every process (a collective: every process calls it),
-        on the CPU, with `lm`'s own key names (a shared critic's `lm.` prefix and value head dropped)."""
+        """`lm`'s weights gathered whole on the CPU of the main process (a collective: every process
+        calls it; the others get an empty dict), with `lm`'s own key names (a shared critic's
+        `lm.` prefix and value head dropped)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -130,19 +134,22 @@ class FSDP2Sharding(NoSharding):
     def gathered(self, model):
         from torch.distributed.fsdp import FSDPModule
 
-        modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
-        # The sampling loop may call a module inside the root (a shared critic's LM): the root
-        # must be initialised first, or its blocks would each set themselves up as a root.
-        model._get_fsdp_state()._lazy_init()  # (no public API for this in torch 2.13)
-        for m in modules:  # one all-gather per block, here, instead of one per block and token
-            m.set_reshard_after_forward(False)
-            m.unshard()
+        blocks = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
         try:
+            # The sampling loop may call a module inside the root (a shared critic's LM): the root
+            # must be initialised first, or its blocks would each set themselves up as a root.
+            # Once initialised, the root keeps its weights after a forward (FSDP2's default).
+            model._get_fsdp_state()._lazy_init()  # (no public API for this in torch 2.13)
+            for m in blocks:  # one all-gather per block, here, instead of one per block and token
+                m.set_reshard_after_forward(False, recurse=False)
+            for m in [model, *blocks]:
+                m.unshard()
             yield model
         finally:
-            for m in modules:
+            for m in blocks:
+                m.set_reshard_after_forward(True, recurse=False)
+            for m in [model, *blocks]:
                 m.reshard()
-                m.set_reshard_after_forward(True)
 
 
 def decoder_blocks(model) -> list[torch.nn.Module]:

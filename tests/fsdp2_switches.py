@@ -18,6 +18,7 @@ CASES = {
     "gradient checkpointing": {"memory.gradient_checkpointing": True},
     "grpo, no critic": {"critic.design": "none", "advantage.estimator": "grpo", "sampling.responses_per_prompt": 4},
     "batch.forward and accumulation": {"batch.forward": 4, "batch.accumulation_steps": 2},
+    "reference score norm, shared critic": {"reward.reference_norm": "mean-std", "reward.reference_samples": 7, "critic.design": "shared"},
 }
 
 
@@ -29,11 +30,14 @@ def main(root: str, out: str) -> None:
         trainer = PPOTrainer(cfg)
         history = trainer.train()
         resumed = PPOTrainer(cfg.replace({"run.resume_from": "latest"}))
+        trained, loaded = (t.sharding.full_state_dict(t.policy, t.lm) for t in (trainer, resumed))
         results[name] = {
             "iterations": [m["iteration"] for m in history], "steps": [m["policy/steps"] for m in history],
             "first_kl": history[0]["objective/kl"], "eval": "eval/score_mean" in history[-1],
             "resumed_at": resumed.iteration, "kl_coef_equal": resumed.kl_ctl.value == trainer.kl_ctl.value,
             "policy_saved": (trainer.output_dir / "policy" / "config.json").is_file(),
+            "same_weights": all(torch.equal(trained[k], loaded[k]) for k in trained),  # (the main process's whole copies)
+            "score_map": [trainer.score_gain, trainer.score_bias], "resumed_score_map": [resumed.score_gain, resumed.score_bias],
         }
     if torch.distributed.get_rank() == 0:
         with open(out, "w") as fh:

@@ -59,6 +59,7 @@ def test_two_sharded_processes_compute_what_one_unsharded_process_does(tiny_path
     import torch
 
     a, b = (torch.load(tmp_path / run / "weights.pt") for run in ("run1", "run2"))
+    full = dict(b)
     assert a.keys() == b.keys()
     for name in a:
         if name.endswith("attn.c_attn.bias"):
@@ -69,9 +70,12 @@ def test_two_sharded_processes_compute_what_one_unsharded_process_does(tiny_path
             torch.testing.assert_close(b[name][d : 2 * d], a[name][d : 2 * d], rtol=0, atol=12 * 3e-4)
             a[name], b[name] = torch.cat([a[name][:d], a[name][2 * d :]]), torch.cat([b[name][:d], b[name][2 * d :]])
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
-    from transformers import AutoModelForCausalLM  # the exported policy is a plain folder
+    from transformers import AutoModelForCausalLM  # the exported policy is a plain folder, with the trained weights
 
-    assert AutoModelForCausalLM.from_pretrained(tmp_path / "run2" / "policy") is not None
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "run2" / "policy").state_dict()
+    assert exported.keys() == full.keys()
+    for name in full:
+        torch.testing.assert_close(exported[name], full[name], rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.timeout(300)
@@ -115,17 +119,19 @@ def test_the_switches_run_sharded_with_evaluation_checkpoints_and_resume(tiny_pa
     out = tmp_path / "switches.json"
     _launch("fsdp2_switches.py", tmp_path / "runs", out, timeout=840)
     results = json.loads(out.read_text())
-    assert len(results) == 5
+    assert len(results) == 6
     for name, r in results.items():
         assert r["iterations"] == [1, 2] and min(r["steps"]) >= 1, name
-        assert r["eval"] and r["policy_saved"] and r["resumed_at"] == 2 and r["kl_coef_equal"], name
+        assert r["eval"] and r["policy_saved"] and r["resumed_at"] == 2 and r["kl_coef_equal"] and r["same_weights"], name
+        assert r["score_map"] == r["resumed_score_map"], name
         if name.startswith("bf16"):
             assert r["first_kl"] == 0.0, name  # policy and reference sharded under one bf16 policy
+    assert results["reference score norm, shared critic"]["score_map"] != [1.0, 0.0]  # fitted from the reference's samples
 
 
 def test_sharding_refuses_the_switches_it_does_not_run_with_yet():
     from ppo_lab import PPOConfig
 
-    for setting in ({"lora.r": 4}, {"memory.logprob_chunk": 4}, {"sampler.noise": 0.1}, {"memory.compile": True}):
+    for setting in ({"lora.r": 4}, {"memory.logprob_chunk": 4}, {"sampler.noise": 0.1}, {"memory.compile": True}, {"sampling.decode": "cuda_graph"}):
         with pytest.raises(ValueError, match=f"memory.sharding = 'fsdp2' does not run with {next(iter(setting))}"):
             PPOConfig(**{"memory.sharding": "fsdp2", **setting})
