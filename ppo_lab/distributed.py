@@ -118,15 +118,19 @@ def launch_processes(function, args: tuple = (), num_processes: int = 2) -> None
     over them (on a machine without a GPU, a gloo group on the CPU: `make_accelerator` asks for
     `cpu=True`, without which every process would think it is alone). accelerate refuses to
     launch from a process that has already created an `Accelerator` (any trainer built earlier
-    in the same notebook), so this forgets that state first; the caller's trainers keep theirs.
+    in the same notebook), so this forgets that state first; the caller's trainers keep theirs,
+    except a sharded one (`memory.sharding: fsdp2`) in a world of one, whose group is ended.
     """
     import socket
 
     from accelerate import notebook_launcher
     from accelerate.state import AcceleratorState
 
+    from .sharding import release_world_of_one
+
     if num_processes < 2:
         raise ValueError(f"num_processes = {num_processes!r}: launch_processes is for 2 or more; call the function directly for one")
+    release_world_of_one()  # (a sharded trainer's world of one in this process: the forked processes must not inherit it)
     AcceleratorState._reset_state(reset_partial_state=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -35,6 +35,22 @@ import contextlib
 import torch
 
 SHARDINGS = ("none", "fsdp2")
+_WORLD_OF_ONE = [False]  # whether this process made its own world of one (below)
+
+
+def release_world_of_one() -> bool:
+    """End the world of one that `fsdp2` made in this process, if it did; True if it did.
+
+    Processes forked from this one (`distributed.launch_processes`) would inherit it and take
+    it for their own group, and hang. A sharded trainer built before cannot run after this.
+    """
+    import torch.distributed as dist
+
+    if not (_WORLD_OF_ONE[0] and dist.is_available() and dist.is_initialized()):
+        return False
+    dist.destroy_process_group()
+    _WORLD_OF_ONE[0] = False
+    return True
 
 
 class NoSharding:
@@ -101,6 +117,7 @@ class FSDP2Sharding(NoSharding):
             raise ValueError("memory.sharding = 'fsdp2' needs torch.distributed, which this build of PyTorch lacks")
         if not dist.is_initialized():  # one process (a notebook, a script): a world of one, in memory
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+            _WORLD_OF_ONE[0] = True
         self.mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         # bf16 weights for compute, float32 gradient reduction; the sharded float32 weights stay the master copy
         self.policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" else MixedPrecisionPolicy()

@@ -135,3 +135,22 @@ def test_sharding_refuses_the_switches_it_does_not_run_with_yet():
     for setting in ({"lora.r": 4}, {"memory.logprob_chunk": 4}, {"sampler.noise": 0.1}, {"memory.compile": True}, {"sampling.decode": "cuda_graph"}):
         with pytest.raises(ValueError, match=f"memory.sharding = 'fsdp2' does not run with {next(iter(setting))}"):
             PPOConfig(**{"memory.sharding": "fsdp2", **setting})
+
+
+@pytest.mark.timeout(300)
+def test_a_world_of_one_is_not_inherited_by_processes_launched_after_it(tiny_path, tmp_path):
+    """A sharded trainer in one process (a notebook) makes its own process group of one; the
+    processes `launch_processes` forks afterwards would inherit it and hang."""
+    import torch.distributed as dist
+
+    from conftest import small_config
+    from ppo_lab.distributed import launch_processes
+    from ppo_lab.trainer import PPOTrainer
+
+    sys.path.insert(0, str(HERE))
+    from test_distributed import _one_update
+
+    PPOTrainer(small_config(tmp_path, {"memory.sharding": "fsdp2", "run.iterations": 1})).iterate()
+    assert dist.is_initialized() and dist.get_world_size() == 1
+    launch_processes(_one_update, (str(tmp_path / "two"), 1), num_processes=2)
+    assert json.loads((tmp_path / "two" / "result.json").read_text())["processes"] == 2
