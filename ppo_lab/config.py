@@ -136,14 +136,16 @@ class PPOConfig:
             raise ValueError("sampling.ignore_eos never lets a response stop, so reward.truncated_penalty or reward.truncated_score would hit every response; set them to None")
         if adv.estimator in GROUP_ESTIMATORS and s.responses_per_prompt < 2:
             raise ValueError(f"advantage.estimator = {adv.estimator!r} compares responses to the same prompt: set sampling.responses_per_prompt >= 2 (got {s.responses_per_prompt})")
-        not_sharded = {"lora.r": self.lora.r > 0, "memory.logprob_chunk": self.memory.logprob_chunk is not None,
-                       "sampler.noise": self.sampler.noise > 0, "memory.compile": self.memory.compile,
+        not_sharded = {"sampler.noise": self.sampler.noise > 0, "memory.compile": self.memory.compile,
                        "sampling.decode = 'cuda_graph'": s.decode == "cuda_graph"}
         if self.memory.sharding == "fsdp2" and any(not_sharded.values()):
             names = ", ".join(k for k, on in not_sharded.items() if on)
-            raise ValueError(f"memory.sharding = 'fsdp2' does not run with {names} yet (a sharded LoRA's merged export, the chunked LM head "
-                             "outside the forward, the sampler's copy of the weights, compilation and a captured decode step are not built for sharded models); "
+            raise ValueError(f"memory.sharding = 'fsdp2' does not run with {names} yet (the sampler's copy of the weights, "
+                             "compilation and a captured decode step are not built for sharded models); "
                              "switch them off, or use memory.sharding = 'none'")
+        if self.memory.frozen_weights == "bf16" and self.memory.precision != "bf16":
+            raise ValueError(f"memory.frozen_weights = 'bf16' needs memory.precision = 'bf16' (got {self.memory.precision!r}): under other precisions the frozen "
+                             "models would compute with rounded weights while the policy does not, and the first KL would not be 0; use 'auto' or 'fp32'")
         if self.reward.overlong_buffer > s.max_new_tokens:
             raise ValueError(f"reward.overlong_buffer = {self.reward.overlong_buffer} is longer than the budget sampling.max_new_tokens = {s.max_new_tokens}")
         from .disagreements import parse_reproduce

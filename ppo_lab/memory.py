@@ -74,7 +74,9 @@ class TensorMemory(TorchDispatchMode):
             t = t.to_local()
         if t.is_meta or t.layout != torch.strided:
             return
-        storage = t.untyped_storage()
+        self._add_storage(t.untyped_storage())
+
+    def _add_storage(self, storage) -> None:
         key, size = storage.data_ptr(), storage.nbytes()
         if size == 0 or key in self._live:
             return
@@ -87,6 +89,27 @@ class TensorMemory(TorchDispatchMode):
         if self._live.get(key) == size:
             del self._live[key]
             self.current -= size
+
+    def __enter__(self):
+        # FSDP2 frees a gathered weight by resizing its storage to 0 bytes and gathers it again
+        # into the same storage; `UntypedStorage.resize_` is not an operator this mode sees, so
+        # it is watched here (as PyTorch's own `torch.distributed._tools.mem_tracker` does)
+        original = self._resize = torch.UntypedStorage.resize_
+
+        def resize_(storage, size):
+            key, before = storage.data_ptr(), storage.nbytes()
+            out = original(storage, size)
+            self._free(key, before)
+            if storage.nbytes():
+                self._add_storage(storage)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._resize
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -111,7 +134,7 @@ _BLOCK_KEPT = 8  # H-wide tensors kept per block besides the MLP's
 _BLOCK_TRANSIENT = 4  # H-wide tensors alive at once in a no-grad block besides the MLP's
 _OUTSIDE_BLOCKS = 3  # H-wide tensors kept per token outside the blocks (embedding sum, final norm)
 _GATED = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3")
-SHARDINGS = ("none", "zero1", "zero2", "zero3")
+SHARDINGS = ("none", "zero1", "zero2", "zero3", "fsdp2")
 
 
 @dataclass(frozen=True)
@@ -131,6 +154,7 @@ class ModelShape:
     intermediate: int
     vocab: int
     mlp: str = "fused"
+    tied: bool = True  # the LM head is the input embedding (GPT-2, Qwen2.5 up to 3B, Llama-3.2)
 
     def __post_init__(self):
         if self.mlp not in _MLP_KEPT:
@@ -154,13 +178,14 @@ class ModelShape:
         inner = get("intermediate_size", "n_inner") or 4 * hidden
         act = get("hidden_act", "activation_function") or "gelu"
         mlp = "gated" if getattr(config, "model_type", "") in _GATED else ("gelu_new" if act == "gelu_new" else "fused")
+        tied = get("tie_word_embeddings") in (None, True)
         if params is None:
             attention = hidden * (n_head + 2 * n_kv) * head_dim + n_head * head_dim * hidden
             mlp_params = (3 if mlp == "gated" else 2) * hidden * inner
-            head = 0 if get("tie_word_embeddings") in (None, True) else vocab * hidden
+            head = 0 if tied else vocab * hidden
             positions = (get("n_positions") or 0) * hidden  # learned positions (GPT-2); rotary has none
             params = vocab * hidden + head + positions + n_layer * (attention + mlp_params + 2 * hidden) + hidden
-        return cls(int(params), n_layer, hidden, n_head, n_kv, head_dim, inner, vocab, mlp)
+        return cls(int(params), n_layer, hidden, n_head, n_kv, head_dim, inner, vocab, mlp, tied)
 
     @classmethod
     def of(cls, model) -> ModelShape:
@@ -169,6 +194,24 @@ class ModelShape:
         if config is None:
             raise ValueError(f"{type(model).__name__} has no `config`: give ModelShape.from_config a transformers config")
         return cls.from_config(config, params=sum(p.numel() for p in model.parameters()))
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of one decoder block (its projections and two norms; biases left out)."""
+        attention = self.hidden * (self.n_head + 2 * self.n_kv_head) * self.head_dim + self.n_head * self.head_dim * self.hidden
+        return attention + (3 if self.mlp == "gated" else 2) * self.hidden * self.intermediate + 2 * self.hidden
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the blocks (embeddings, an untied LM head, the final norm): what
+        FSDP2's root unit holds."""
+        return max(self.params - self.n_layer * self.block_params, 0)
+
+    @property
+    def linear_params(self) -> int:
+        """Parameters of the linear layers not tied to an embedding (the blocks' projections, an
+        untied LM head): what `memory.frozen_weights: bf16` keeps in bf16 without sharding."""
+        return min(self.n_layer * (self.block_params - 2 * self.hidden) + (0 if self.tied else self.vocab * self.hidden), self.params)
 
     def lora_params(self, r: int) -> int:
         """Parameters of rank-r adapters on every linear layer of the blocks (all-linear)."""
@@ -257,16 +300,20 @@ def estimate_memory(
     separate = cfg.critic.design == "separate"
     critic = critic or policy
     split = lambda what, level: what // processes if SHARDINGS.index(sharding) >= level else what  # noqa: E731
+    fsdp2 = sharding == "fsdp2"
+    frozen_bf16 = half and cfg.memory.precision == "bf16" and cfg.memory.frozen_weights in ("auto", "bf16")
+    # a frozen model's bytes: in bf16 its linear layers (under fsdp2 all of it), else float32
+    frozen = lambda shape: (2 * shape.params if fsdp2 else 4 * shape.params - 2 * shape.linear_params) if frozen_bf16 else 4 * shape.params  # noqa: E731
 
-    weights = {"policy weights": split(4 * policy.params, 3)}
+    weights = {"policy weights": split(frozen(policy) if lora else 4 * policy.params, 3)}  # (a LoRA base is frozen)
     if not lora:
-        weights["reference weights"] = split(4 * policy.params, 3)
+        weights["reference weights"] = split(frozen(policy), 3)
     if separate:
         weights["critic weights"] = split(4 * critic.params, 3)
     elif cfg.critic.design == "shared":
         weights["policy weights"] += 4 * (policy.hidden + 1)
     if reward is not None:
-        weights["reward model weights"] = split(4 * reward.params, 3)
+        weights["reward model weights"] = split(frozen(reward), 3)
     trained = (policy.lora_params(cfg.lora.r) if lora else policy.params) + (critic.params if separate else (policy.hidden + 1 if cfg.critic.design == "shared" else 0))
     static = {**weights, "optimizer state": split(8 * trained, 1)}
 
@@ -280,8 +327,15 @@ def estimate_memory(
     score_logits = scored * policy.vocab * (act + 4 + (4 if half or cfg.sampling.temperature != 1.0 else 0))
     rollout = {**static, "KV cache": kv, "sampling logits": sampling_logits, "scoring activations": transient, "scoring logits": score_logits}
     rollout["rollout buffers"] = 10 * cfg.batch.rollout * T * 4 + 2 * cfg.batch.rollout * prompt_len * 8
-    if half:
-        rollout["bf16 weight copies"] = split(2 * policy.params * (1 if lora else 2) + (2 * critic.params if separate else 0), 3)
+    # FSDP2 gathers a unit's weights in the compute precision while it runs: the root (embeddings,
+    # head) and a block, with the next block gathered ahead of its turn
+    wd = 2 if half else 4
+    unit = lambda shape: wd * (shape.root_params + 2 * shape.block_params)  # noqa: E731
+    if fsdp2:  # the whole policy gathered for sampling; for scoring, a model's units one at a time (released first)
+        rollout["gathered weights"] = max(wd * policy.params, *(unit(s) for s in [policy, critic, *([reward] if reward else [])]))
+    elif half:  # autocast's bf16 copies (none of weights already in bf16)
+        copies = 2 * policy.params * (1 if lora or frozen_bf16 else 2) + (2 * critic.params if separate else 0)
+        rollout["bf16 weight copies"] = split(copies, 3)
 
     # update: one micro-batch through policy (and separate critic), then backward
     b = cfg.batch.minibatch // (cfg.batch.accumulation_steps * processes)
@@ -306,7 +360,14 @@ def estimate_memory(
     logits = positions * policy.vocab * per_logit * (2 if cfg.loss.entropy_coef > 0 else 1)
     update = {**static, "gradients": split(4 * trained, 2), "activations": activations, "logits": logits}
     update["rollout buffers"] = rollout["rollout buffers"]
-    if half:
+    if fsdp2:
+        # every trained model's root stays gathered from its forward to the end of the backward
+        # (its gradient unreduced until then), and the backward holds a block, the next one
+        # gathered ahead, and the block's gradient until its reduce-scatter
+        roots, block = sum(s.root_params for s in trained_shapes), max(s.block_params for s in trained_shapes)
+        update["gathered weights"] = wd * (roots + 2 * block)
+        update["gathered gradients"] = 0 if lora else wd * (roots + block)  # (a LoRA adapter's are small)
+    elif half:
         update["bf16 weight copies"] = split(2 * (policy.params + (critic.params if separate else 0)), 3)
     return MemoryEstimate(rollout=rollout, update=update)
 

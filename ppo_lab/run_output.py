@@ -222,7 +222,7 @@ def save_policy(lm, tokenizer, folder, lora: bool = False, state_dict: dict | No
         if lora:
             from .lora import save_lora
 
-            save_lora(lm, folder, merged=True)
+            save_lora(lm, folder, merged=True, state_dict=state_dict)
         else:
             lm.save_pretrained(folder, **({"state_dict": state_dict} if state_dict is not None else {}))
         tokenizer.save_pretrained(folder)

@@ -31,6 +31,8 @@ With `none` every method is what the unsharded trainer did.
 from __future__ import annotations
 
 import contextlib
+import warnings
+import weakref
 
 import torch
 
@@ -53,13 +55,57 @@ def release_world_of_one() -> bool:
     return True
 
 
+def frozen_in_bf16(model, every: bool = False) -> int:
+    """Store `model`'s frozen floating-point parameters in bfloat16, in place (the same Parameter
+    objects, so ties and references hold); returns how many numbers were converted.
+
+    every=False: only the weights and biases of linear layers (`nn.Linear`, transformers'
+    `Conv1D`) whose weight is not also an embedding's (GPT-2 ties its LM head to its input
+    embedding, which a lookup reads unrounded). Under bf16 autocast a linear layer rounds a float32
+    weight to bfloat16 before every product, so storing it rounded changes no output bit, and a
+    frozen model keeps computing exactly what the policy computes from the same weights.
+    every=True: every frozen parameter, for FSDP2, whose mixed-precision policy rounds them all.
+    Trainable parameters (a LoRA adapter, a value head) stay float32.
+    """
+    from .lora import _linear_kinds
+
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    converted = 0
+    for module in model.modules():
+        if not every and not isinstance(module, _linear_kinds()):
+            continue
+        for p in module.parameters(recurse=False):
+            if p.requires_grad or p.dtype not in (torch.float32, torch.float64) or (not every and id(p) in embeddings):
+                continue
+            p.data = p.data.to(torch.bfloat16)
+            converted += p.numel()
+    return converted
+
+
 class NoSharding:
     """DDP through accelerate (or one process): nothing is split."""
 
     name = "none"
 
+    def __init__(self, frozen_bf16: bool = False):
+        self.frozen_bf16 = frozen_bf16  # memory.frozen_weights, resolved
+
     def shard(self, model):
+        """`model` laid out for training: its frozen linear weights in bf16 if asked (`frozen_in_bf16`)."""
+        if model is not None and self.frozen_bf16:
+            frozen_in_bf16(model)
         return model
+
+    def shard_reward(self, reward_fn):
+        """`reward_fn` with its model laid out like the other frozen roles, when it is a reward
+        model (`rewards.SequenceClassifierReward`); a decoder's score head is left whole in
+        float32, since it runs outside autocast (`rewards.sequence_scores`)."""
+        from .rewards import SequenceClassifierReward, reads_at_a_token
+
+        if isinstance(reward_fn, SequenceClassifierReward):
+            model = reward_fn.model
+            self.shard(getattr(model, model.base_model_prefix) if reads_at_a_token(model) else model)
+        return reward_fn
 
     def prepare(self, accelerator, models, optimizer):
         """The prepared models (DDP on several processes) and optimizer."""
@@ -108,28 +154,47 @@ class FSDP2Sharding(NoSharding):
     name = "fsdp2"
     distributed = True
 
-    def __init__(self, device, precision: str):
+    def __init__(self, device, precision: str, frozen_bf16: bool = False, head_outside: bool = False):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         if not dist.is_available():
             raise ValueError("memory.sharding = 'fsdp2' needs torch.distributed, which this build of PyTorch lacks")
+        # FSDP2 warns whenever a sharded module returns a view (transformers' outputs hold several):
+        # an in-place change of one would skip its gathering hook. ppo_lab changes no forward's
+        # output in place, and the tests compare sharded gradients with unsharded ones.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
         if not dist.is_initialized():  # one process (a notebook, a script): a world of one, in memory
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
             _WORLD_OF_ONE[0] = True
         self.mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         # bf16 weights for compute, float32 gradient reduction; the sharded float32 weights stay the master copy
         self.policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" else MixedPrecisionPolicy()
+        self.blocks = weakref.WeakSet()  # the decoder blocks sharded, which reshard after each forward
+        self.frozen_bf16 = frozen_bf16 and precision == "bf16"
+        self.head_outside = head_outside  # memory.logprob_chunk: the LM head is applied after the forward
 
     def shard(self, model):
         from torch.distributed.fsdp import fully_shard
 
         if model is None or next(model.parameters(), None) is None:
             return model  # nothing of its own to shard (LoRA's reference is the policy with its adapter off)
+        if self.frozen_bf16:
+            frozen_in_bf16(model, every=True)  # (the mixed-precision policy computes with them all in bf16)
+        frozen = not any(p.requires_grad for p in model.parameters())
         for block in reversed(decoder_blocks(model)):  # innermost first, as FSDP2 nests
             fully_shard(block, mesh=self.mesh, mp_policy=self.policy)
-        fully_shard(model, mesh=self.mesh, mp_policy=self.policy)
+            self.blocks.add(block)
+        inner = getattr(model, "lm", None)  # a shared critic's LM is also called on its own (sampling, LoRA's reference):
+        if isinstance(inner, torch.nn.Module):  # as a unit of its own it gathers its weights itself, and like a
+            # root keeps them after its forward, for its LM head applied outside it (memory.logprob_chunk)
+            fully_shard(inner, mesh=self.mesh, mp_policy=self.policy, reshard_after_forward=False)
+        # A root keeps its weights gathered after its forward until the backward (FSDP2's default);
+        # a frozen root has no backward, and would keep them for good: it reshards, unless its
+        # LM head is applied outside the forward
+        head_outside = self.head_outside and callable(getattr(model, "get_output_embeddings", None)) and model.get_output_embeddings() is not None
+        fully_shard(model, mesh=self.mesh, mp_policy=self.policy, reshard_after_forward=True if frozen and not head_outside else None)
         return model
 
     def prepare(self, accelerator, models, optimizer):
@@ -151,7 +216,8 @@ class FSDP2Sharding(NoSharding):
     def gathered(self, model):
         from torch.distributed.fsdp import FSDPModule
 
-        blocks = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+        units = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+        blocks = [m for m in units if m in self.blocks]  # (the units that reshard after a forward)
         try:
             # The sampling loop may call a module inside the root (a shared critic's LM): the root
             # must be initialised first, or its blocks would each set themselves up as a root.
@@ -159,13 +225,13 @@ class FSDP2Sharding(NoSharding):
             model._get_fsdp_state()._lazy_init()  # (no public API for this in torch 2.13)
             for m in blocks:  # one all-gather per block, here, instead of one per block and token
                 m.set_reshard_after_forward(False, recurse=False)
-            for m in [model, *blocks]:
+            for m in [model, *units]:
                 m.unshard()
             yield model
         finally:
             for m in blocks:
                 m.set_reshard_after_forward(True, recurse=False)
-            for m in [model, *blocks]:
+            for m in [model, *units]:
                 m.reshard()
 
 
@@ -181,8 +247,12 @@ def decoder_blocks(model) -> list[torch.nn.Module]:
     return blocks
 
 
-def sharding_for(name: str, device, precision: str):
-    """The sharding object of `memory.sharding`."""
-    if name not in SHARDINGS:
-        raise ValueError(f"memory.sharding = {name!r}; valid values are: {', '.join(map(repr, SHARDINGS))}")
-    return FSDP2Sharding(device, precision) if name == "fsdp2" else NoSharding()
+def sharding_for(memory, device):
+    """The sharding object of a `memory` config group (`memory.sharding`, with its precision,
+    `frozen_weights` and `logprob_chunk`)."""
+    if memory.sharding not in SHARDINGS:
+        raise ValueError(f"memory.sharding = {memory.sharding!r}; valid values are: {', '.join(map(repr, SHARDINGS))}")
+    frozen_bf16 = memory.frozen_weights == "bf16" or (memory.frozen_weights == "auto" and memory.precision == "bf16")
+    if memory.sharding == "fsdp2":
+        return FSDP2Sharding(device, memory.precision, frozen_bf16, head_outside=memory.logprob_chunk is not None)
+    return NoSharding(frozen_bf16)

@@ -50,6 +50,22 @@ def tiny_path():
     return tiny_model_path()
 
 
+@pytest.fixture(scope="session")
+def tiny_reward_path(tiny_path, tmp_path_factory):
+    """A decoder reward model (GPT-2 backbone, 1-label score head) on the tiny model, its head
+    drawn at seed 0, saved to a local folder."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_path, num_labels=1)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    model.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    folder = tmp_path_factory.mktemp("reward") / "rm"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def small_config(tmp_path, *settings):
     """A PPOConfig small enough for a test to run a few iterations in seconds; `settings`
     (dicts of dotted names, applied in order) override it."""

@@ -21,6 +21,8 @@ def run(output_dir: str, accumulation: int, sharding: str, extra: dict | None = 
     from ppo_lab.memory import TensorMemory
 
     held = TensorMemory().hold(trainer.policy, trainer.critic, getattr(trainer.optimizer, "optimizer", trainer.optimizer)).current
+    reward_model = getattr(trainer.reward_fn, "model", None)  # (a reward model's backbone is sharded, its score head whole)
+    reward_held = TensorMemory().hold(reward_model).current if reward_model is not None else 0
     state = trainer.sharding.full_state_dict(trainer.policy, trainer.lm)
     weights = state if state is not None else trainer.lm.state_dict()
     if trainer.accelerator.is_main_process:
@@ -28,6 +30,7 @@ def run(output_dir: str, accumulation: int, sharding: str, extra: dict | None = 
     return {
         "processes": trainer.accelerator.num_processes,
         "held_bytes": held,  # this process's weights, gradients and AdamW state (the main process's)
+        "reward_bytes": reward_held,
         "history": history,
         "weights": {k: v.double().sum().item() for k, v in weights.items()},
         "is_main": trainer.accelerator.is_main_process,

@@ -18,14 +18,24 @@ CASES = {
     "gradient checkpointing": {"memory.gradient_checkpointing": True},
     "grpo, no critic": {"critic.design": "none", "advantage.estimator": "grpo", "sampling.responses_per_prompt": 4},
     "batch.forward and accumulation": {"batch.forward": 4, "batch.accumulation_steps": 2},
+    "bf16, lora, shared critic": {"memory.precision": "bf16", "lora.r": 4, "critic.design": "shared"},
+    "chunked log-probs, lora": {"memory.logprob_chunk": 5, "lora.r": 4},
+    "bf16, reward model, frozen weights in bf16": {"memory.precision": "bf16", "reward.source": "REWARD_MODEL"},
     "reference score norm, shared critic": {"reward.reference_norm": "mean-std", "reward.reference_samples": 7, "critic.design": "shared"},
 }
 
 
-def main(root: str, out: str) -> None:
+def backbone(reward_fn) -> torch.nn.Module:
+    """A reward model's backbone (its score head left out); an empty module for a function."""
+    model = getattr(reward_fn, "model", None)
+    return getattr(model, model.base_model_prefix) if model is not None else torch.nn.Module()
+
+
+def main(root: str, out: str, reward_model: str) -> None:
     torch.set_num_threads(1)
     results = {}
     for i, (name, settings) in enumerate(CASES.items()):
+        settings = {k: reward_model if v == "REWARD_MODEL" else v for k, v in settings.items()}
         cfg = PPOConfig(**BASE, **settings, **{"run.output_dir": f"{root}/{i}"})
         trainer = PPOTrainer(cfg)
         history = trainer.train()
@@ -38,6 +48,7 @@ def main(root: str, out: str) -> None:
             "policy_saved": (trainer.output_dir / "policy" / "config.json").is_file(),
             "same_weights": all(torch.equal(trained[k], loaded[k]) for k in trained),  # (the main process's whole copies)
             "score_map": [trainer.score_gain, trainer.score_bias], "resumed_score_map": [resumed.score_gain, resumed.score_bias],
+            "frozen_dtypes": sorted({str(p.dtype) for p in [*trainer.reference.parameters(), *backbone(trainer.reward_fn).parameters()]}),
         }
     if torch.distributed.get_rank() == 0:
         with open(out, "w") as fh:
@@ -45,4 +56,4 @@ def main(root: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

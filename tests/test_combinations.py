@@ -36,6 +36,7 @@ SWITCHES = {
     "sampling.dynamic": [False, True], "reward.overlong_buffer": [0, 2],
     "advantage.drop_truncated": [False, True], "sampling.decode": ["dynamic", "static"],
     "memory.sharding": ["none", "fsdp2"],  # (fsdp2 in this one process: a world of one)
+    "memory.frozen_weights": ["auto", "fp32"],  # (auto: bf16 with memory.precision bf16)
 }
 BASE = {
     "sampling.responses_per_prompt": 2, "run.iterations": 2, "run.eval_interval": 1, "run.save_interval": 1,

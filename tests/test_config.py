@@ -19,7 +19,7 @@ def test_defaults_are_valid_and_documented():
             assert f.metadata.get("help"), f"{key}.{f.name} has no help text"
         assert 1 <= len(settings(group)) <= 15, key  # a group small enough to read at once
     assert [f.name for f in dataclasses.fields(cfg)] == list(GROUPS)
-    assert cfg.policy.model == "builtin:tiny" and len(cfg.flat()) == 100
+    assert cfg.policy.model == "builtin:tiny" and len(cfg.flat()) == 101
 
 
 @pytest.mark.parametrize(

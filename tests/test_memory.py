@@ -81,6 +81,7 @@ def test_model_shape_refuses_what_it_cannot_read():
         {"lora.r": 8},
         {"memory.gradient_checkpointing": True, "loss.entropy_coef": 0.01},
         {"memory.logprob_chunk": 16, "data.task": "arithmetic", "batch.rollout": 32},
+        {"memory.precision": "bf16"},  # (the reference's linear weights kept in bf16: memory.frozen_weights auto)
     ],
 )
 def test_the_estimate_is_within_25_percent_of_the_measured_peak(tiny_path, tmp_path, overrides):
@@ -124,6 +125,31 @@ def test_the_estimate_responds_to_each_memory_switch():
         est(base, processes=32)  # 16 responses per minibatch over 32 processes
     chunked = est(PPOConfig(**{**base.to_dict(), "memory.logprob_chunk": 1024}))
     assert chunked.rollout["scoring logits"] < plain.rollout["scoring logits"] / 5
+    # FSDP2: the state split like ZeRO-3, plus the gathered units; the whole policy while sampling
+    fsdp2 = est(base, processes=8, sharding="fsdp2")
+    assert fsdp2.update["policy weights"] == sharded[3]["policy weights"] and fsdp2.update["optimizer state"] == sharded[3]["optimizer state"]
+    assert fsdp2.rollout["gathered weights"] == 4 * shape.params and 0 < fsdp2.update["gathered weights"] < 4 * shape.params
+    # frozen weights in bf16 (bf16 compute): the reference's linear layers, or all of it sharded
+    bf16 = PPOConfig(**{**base.to_dict(), "memory.precision": "bf16"})
+    kept = PPOConfig(**{**base.to_dict(), "memory.precision": "bf16", "memory.frozen_weights": "fp32"})
+    assert est(kept).update["reference weights"] - est(bf16).update["reference weights"] == 2 * shape.linear_params
+    assert est(bf16, processes=8, sharding="fsdp2").update["reference weights"] == 2 * shape.params // 8
+    assert est(kept).rollout["bf16 weight copies"] - est(bf16).rollout["bf16 weight copies"] == 2 * shape.params  # (none of the reference's)
+
+
+def test_model_shape_splits_a_model_into_its_blocks_root_and_linear_layers():
+    """Against the parameters of a real Llama (no biases, so the counts are exact), tied and untied."""
+    from transformers import LlamaForCausalLM
+
+    for tied in (True, False):
+        config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=176, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+        model = LlamaForCausalLM(config)
+        shape = ModelShape.of(model)
+        assert shape.tied == tied
+        assert shape.block_params == sum(p.numel() for p in model.model.layers[0].parameters())
+        assert shape.root_params == sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in model.model.layers.parameters())
+        embedding = model.model.embed_tokens.weight
+        assert shape.linear_params == sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight is not embedding)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -227,3 +253,21 @@ def test_expandable_segments_are_turned_on_for_cuda_unless_the_user_configured_t
         monkeypatch.setenv(name, "backend:cudaMallocAsync")
         assert set_cuda_allocator("expandable") is False and calls == ["expandable_segments:True"]
         monkeypatch.delenv(name)
+
+
+def test_the_readme_quotes_the_fit_table_that_the_estimate_gives():
+    """README.md's "what fits" table is `benchmarks/memory_table.py`'s output, and it says what the
+    issue of sharding was about: full 7-8B training fits 80 GiB only sharded, LoRA at 8B fits one GPU."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    sys.path.insert(0, str(root / "benchmarks"))
+    import memory_table
+
+    table = memory_table.table()
+    assert table in (root / "README.md").read_text()
+    for name in ("Qwen2.5-7B", "Llama-3-8B"):
+        shape = ModelShape.from_config(memory_table.SHAPES[name])
+        assert memory_table.peak_gib(shape, "critic + reward model", 1, "none") > 80 > memory_table.peak_gib(shape, "critic + reward model", 8, "fsdp2")
+        assert memory_table.peak_gib(shape, "LoRA r=16, value head + reward model", 1, "none") < 80

@@ -78,6 +78,37 @@ def test_two_sharded_processes_compute_what_one_unsharded_process_does(tiny_path
         torch.testing.assert_close(exported[name], full[name], rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.timeout(600)
+def test_lora_chunked_logprobs_a_shared_critic_and_a_reward_model_sharded_compute_what_one_unsharded_process_does(tiny_path, tiny_reward_path, tmp_path):
+    """The adapter trained over a sharded frozen base, the LM head applied chunk by chunk outside
+    the forward, the value head on the shared LM, the reward model's backbone sharded; the merged
+    export is rebuilt from the gathered weights (a sharded model cannot be deep-copied) and
+    equals the unsharded run's."""
+    sys.path.insert(0, str(HERE))
+    from fsdp2_run import run
+
+    extra = {"critic.clip": None, "lora.r": 4, "memory.logprob_chunk": 5, "critic.design": "shared", "reward.source": str(tiny_reward_path)}
+    out = tmp_path / "two.json"
+    _launch("fsdp2_run.py", tmp_path / "run2", 1, out, "fsdp2", json.dumps(extra))
+    two = json.loads(out.read_text())
+    one = run(str(tmp_path / "run1"), 2, "none", extra)
+    assert 0.45 < two["held_bytes"] / one["held_bytes"] < 0.55, (two["held_bytes"], one["held_bytes"])
+    assert 0.45 < two["reward_bytes"] / one["reward_bytes"] < 0.55, (two["reward_bytes"], one["reward_bytes"])
+    assert len(two["history"]) == len(one["history"]) == 3
+    for a, b in zip(one["history"], two["history"]):
+        a, b = stable(a), stable(b)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    merged = [AutoModelForCausalLM.from_pretrained(tmp_path / run / "policy").state_dict() for run in ("run1", "run2")]
+    assert merged[0].keys() == merged[1].keys() and not any("lora" in k for k in merged[1])
+    for name in merged[0]:
+        torch.testing.assert_close(merged[1][name], merged[0][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 @pytest.mark.timeout(300)
 def test_a_sharded_rollout_with_uneven_stops_finishes_and_issues_no_collective_while_decoding(tiny_path, tmp_path):
     out = tmp_path / "rollout.json"
@@ -114,25 +145,45 @@ def test_a_sharded_checkpoint_resumes_exactly_and_loads_on_one_process(tiny_path
         assert row[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.timeout(600)
+def test_each_process_peak_memory_is_within_25_percent_of_the_estimate(tiny_path, tmp_path):
+    """`estimate_memory(..., sharding="fsdp2")` against `measure_iteration` on each of 2 sharded
+    processes (`TensorMemory` counts a DTensor's local shard and FSDP2's gathered weights,
+    which it frees and gathers again by resizing their storage)."""
+    out = tmp_path / "memory.json"
+    _launch("fsdp2_memory.py", tmp_path / "runs", out, timeout=540)
+    rows = json.loads(out.read_text())
+    assert len(rows) == 6 and {r["rank"] for r in rows} == {0, 1}
+    for r in rows:
+        assert r["est_rollout"] == pytest.approx(r["rollout"], rel=0.25), r["case"]
+        assert r["est_update"] == pytest.approx(r["update"], rel=0.25), r["case"]
+    frozen = {r["case"]: r["est"]["rollout"].get("reference weights") for r in rows}
+    assert frozen["bf16, frozen bf16"] == frozen["separate critic"] // 2  # (bf16, all of it under fsdp2)
+
+
 @pytest.mark.timeout(900)
-def test_the_switches_run_sharded_with_evaluation_checkpoints_and_resume(tiny_path, tmp_path):
+def test_the_switches_run_sharded_with_evaluation_checkpoints_and_resume(tiny_path, tiny_reward_path, tmp_path):
     out = tmp_path / "switches.json"
-    _launch("fsdp2_switches.py", tmp_path / "runs", out, timeout=840)
+    _launch("fsdp2_switches.py", tmp_path / "runs", out, tiny_reward_path, timeout=840)
     results = json.loads(out.read_text())
-    assert len(results) == 6
+    assert len(results) == 9
     for name, r in results.items():
         assert r["iterations"] == [1, 2] and min(r["steps"]) >= 1, name
         assert r["eval"] and r["policy_saved"] and r["resumed_at"] == 2 and r["kl_coef_equal"] and r["same_weights"], name
         assert r["score_map"] == r["resumed_score_map"], name
         if name.startswith("bf16"):
             assert r["first_kl"] == 0.0, name  # policy and reference sharded under one bf16 policy
+            assert r["frozen_dtypes"] in ([], ["torch.bfloat16"]), name  # stored as they compute (memory.frozen_weights: auto)
+        else:
+            assert r["frozen_dtypes"] in ([], ["torch.float32"]), name
+    assert results["bf16, reward model, frozen weights in bf16"]["frozen_dtypes"] == ["torch.bfloat16"]
     assert results["reference score norm, shared critic"]["score_map"] != [1.0, 0.0]  # fitted from the reference's samples
 
 
 def test_sharding_refuses_the_switches_it_does_not_run_with_yet():
     from ppo_lab import PPOConfig
 
-    for setting in ({"lora.r": 4}, {"memory.logprob_chunk": 4}, {"sampler.noise": 0.1}, {"memory.compile": True}, {"sampling.decode": "cuda_graph"}):
+    for setting in ({"sampler.noise": 0.1}, {"memory.compile": True}, {"sampling.decode": "cuda_graph"}):
         with pytest.raises(ValueError, match=f"memory.sharding = 'fsdp2' does not run with {next(iter(setting))}"):
             PPOConfig(**{"memory.sharding": "fsdp2", **setting})
 
