@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/device_check.sh ppo    # the CUDA tests, then ppo_lab (growing cache, CUDA graph) and TRL's PPOTrainer
 #   bash benchmarks/device_check.sh grpo   # ppo_lab's GRPO preset and TRL's GRPOTrainer
+#   bash benchmarks/device_check.sh fsdp2  # the frozen-weights tests on CUDA, then ppo_lab unsharded, FSDP2 on a world of one, frozen weights in float32
 #
 # Each runner runs twice, alternated (benchmarks/gpu.py), 6 updates a round. Everything lands in
 # $OUT (default benchmarks/results/): device.txt, cuda-tests.txt, gpu-<stamp>.md / .jsonl /
@@ -30,8 +31,13 @@ case "$PART" in
   grpo)
     timeout 560 python3 benchmarks/gpu.py --out "$OUT" --only ppo_lab_grpo,trl_grpo --budget-s 450 --hard-limit-s 550
     ;;
+  fsdp2)
+    # (tests/test_sharding.py launches 2 CPU processes over gloo by design: a 1-GPU machine adds nothing to it)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_frozen_weights.py 2>&1 | tail -25 | tee "$OUT/frozen-weights-tests.txt"
+    timeout 420 python3 benchmarks/gpu.py --out "$OUT" --only ppo_lab_separate,ppo_lab_fsdp2,ppo_lab_frozen_fp32 --budget-s 320 --hard-limit-s 410
+    ;;
   *)
-    echo "usage: bash benchmarks/device_check.sh ppo|grpo" >&2
+    echo "usage: bash benchmarks/device_check.sh ppo|grpo|fsdp2" >&2
     exit 2
     ;;
 esac

@@ -39,6 +39,8 @@ Runners (`--only` picks and orders them):
   trl_grpo           TRL 1.12.0 GRPOTrainer without vLLM (transformers' generate)
   trl_rollout_bf16   TRL's PPOTrainer with its rollout forwards under bf16 autocast too (like ppo_lab)
   ppo_lab_shared     ppo_lab, value head on the policy (less work: one backbone, not two)
+  ppo_lab_fsdp2      ppo_lab_separate with memory.sharding = fsdp2 on a world of one (FSDP2's cost, no split)
+  ppo_lab_frozen_fp32  ppo_lab_separate with memory.frozen_weights = fp32 (what the bf16 frozen weights save)
 
 Reported per runner, reserved memory first (it is what runs out): the peak GPU memory of an
 update (torch.cuda.max_memory_reserved and max_memory_allocated, reset at the start of each
@@ -97,6 +99,8 @@ RUNNERS = {
     "trl_grpo": ["trl_grpo.py", *GRPO],
     "trl_rollout_bf16": ["trl_ppo.py", "--rollout-autocast"],
     "ppo_lab_shared": ["ppo_lab_run.py", "--critic", "shared"],
+    "ppo_lab_fsdp2": ["ppo_lab_run.py", "--critic", "separate", "--decode", "dynamic", "--sharding", "fsdp2"],
+    "ppo_lab_frozen_fp32": ["ppo_lab_run.py", "--critic", "separate", "--decode", "dynamic", "--frozen-weights", "fp32"],
 }
 DEFAULT_RUNNERS = ["ppo_lab_separate", "ppo_lab_graph", "trl", "ppo_lab_grpo", "trl_grpo"]
 LABELS = {
@@ -107,6 +111,8 @@ LABELS = {
     "ppo_lab_shared": "ppo_lab, shared critic",
     "trl": "TRL 1.12.0 PPOTrainer",
     "trl_rollout_bf16": "TRL 1.12.0, rollout in bf16 autocast too",
+    "ppo_lab_fsdp2": "ppo_lab, separate critic, FSDP2 on a world of one",
+    "ppo_lab_frozen_fp32": "ppo_lab, separate critic, frozen weights in float32",
 }
 # (label, numerator, denominator, quantity)
 RATIOS = [
@@ -121,6 +127,10 @@ RATIOS = [
     ("time: ppo_lab shared / TRL", "ppo_lab_shared", "trl", "sec_per_update"),
     ("peak allocated: ppo_lab separate / TRL", "ppo_lab_separate", "trl", "gpu_peak_allocated_gib"),
     ("peak allocated: ppo_lab separate / TRL (rollout bf16)", "ppo_lab_separate", "trl_rollout_bf16", "gpu_peak_allocated_gib"),
+    ("peak reserved: ppo_lab FSDP2 world of one / unsharded", "ppo_lab_fsdp2", "ppo_lab_separate", "gpu_peak_reserved_gib"),
+    ("peak allocated: ppo_lab FSDP2 world of one / unsharded", "ppo_lab_fsdp2", "ppo_lab_separate", "gpu_peak_allocated_gib"),
+    ("time: ppo_lab FSDP2 world of one / unsharded", "ppo_lab_fsdp2", "ppo_lab_separate", "sec_per_update"),
+    ("peak allocated: frozen weights in bf16 / in float32", "ppo_lab_separate", "ppo_lab_frozen_fp32", "gpu_peak_allocated_gib"),
 ]
 
 # dense bf16 tensor-core peaks (TFLOP/s), by a piece of the device name
@@ -317,7 +327,8 @@ def table(results: dict[str, dict], failed: dict[str, str], meta: dict) -> str:
             extra.append(f"old log-probs from {r.get('old_logprobs_from')}, decode {r.get('decode')}"
                          + (f" (graph kept in {r.get('cuda_graph_kept')})" if r.get("decode") == "cuda_graph" else "")
                          + f", allocator {r.get('cuda_allocator')}"
-                         + f", {r.get('optimizer')}, mean response length {r.get('response_length_mean')}")
+                         + f", {r.get('optimizer')}, mean response length {r.get('response_length_mean')}"
+                         + f", sharding {r.get('sharding')}, frozen weights {r.get('frozen_weights')}, first KL {r.get('first_kl')}")
             if r.get("profile_file"):
                 extra.append(f"profile in {Path(r['profile_file']).name} ({r.get('update_s_under_profiler')} s under the profiler)")
             if r.get("profile_error"):

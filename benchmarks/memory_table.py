@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What fits where: `estimate_memory`'s peak per GPU for 0.5B-8B shapes, one GPU against 8 under FSDP2.
 
-    python benchmarks/memory_table.py            # prints the markdown table quoted in README.md and book/guide_scaling.md
+    python benchmarks/memory_table.py            # prints the markdown table quoted in README.md
 
 No weights and no GPU: the shapes are the published configs' sizes (`ModelShape.from_config`),
 and every figure comes from `ppo_lab.memory.estimate_memory`. `tests/test_memory.py` checks that

@@ -12,6 +12,9 @@ group-normalised advantages over `--group` responses per prompt, the k3 KL in th
 no whitening, seq-mean-token-mean) on the same models; `--batch` counts responses, so
 `--batch / --group` prompts per update. `--decode` is `sampling.decode` (dynamic, static,
 cuda_graph or auto); the JSON line says which decoder ran and whether a CUDA graph was kept.
+`--sharding fsdp2` is `memory.sharding` (in one process a world of one: FSDP2's wrapping,
+gathering and mixed precision without the split) and `--frozen-weights` is
+`memory.frozen_weights`; the JSON line has the first iteration's KL (`first_kl`).
 
 Dropout is switched off in the policy before it is passed in, as TRL does to its models and as
 ppo_lab's own `load_policy` does (`--keep-dropout` leaves it on). Responses have a fixed length
@@ -55,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--decode", choices=["dynamic", "static", "cuda_graph", "auto"], default="dynamic", help="sampling.decode")
     p.add_argument("--ignore-eos", choices=["auto", "on", "off"], default="auto",
                    help="fixed-length responses through sampling.ignore_eos (auto and on: fixed length; off: stop at EOS)")
+    p.add_argument("--sharding", choices=["none", "fsdp2"], default="none", help="memory.sharding (fsdp2 in one process: a world of one)")
+    p.add_argument("--frozen-weights", choices=["auto", "fp32", "bf16"], default="auto", help="memory.frozen_weights")
     p.add_argument("--keep-dropout", action="store_true", help="pass the policy with GPT-2's default dropout left on")
     p.add_argument("--profile", metavar="FILE", help="profile one extra update (after the timed ones) and write "
                                                      "torch.profiler's top operators by device and CPU time to FILE")
@@ -140,7 +145,7 @@ def main(argv=None):
             "advantage.whiten": False, "loss.aggregation": "seq-mean-token-mean", "kl.placement": "loss",
             "kl.estimator": "k3", "loss.clip_eps": 0.2,
         })
-    extra["sampling.decode"] = args.decode
+    extra.update({"sampling.decode": args.decode, "memory.sharding": args.sharding, "memory.frozen_weights": args.frozen_weights})
     config = PPOConfig(**{"critic.design": args.critic, **extra}, **{ "reward.source": str(reward_dir), "batch.rollout": args.batch,
             "batch.minibatch": args.batch // args.mini_batches, "batch.epochs": args.ppo_epochs,
             "sampling.max_new_tokens": args.response_length, "optim.lr": args.lr,
@@ -254,6 +259,9 @@ def main(argv=None):
         "old_logprobs_from": trainer.sampler.old_logprobs_from,
         "algorithm": args.algorithm,
         "decode": trainer.sampling.decode,
+        "sharding": args.sharding,
+        "frozen_weights": args.frozen_weights,
+        "first_kl": history[0]["objective/kl"],  # exactly 0 when the reference computes as the policy does
         "cuda_graph_kept": f"{sum(graph_kept)} of {len(graph_kept)} rollouts" if graph_kept else None,
         "cuda_allocator": {k: os.environ[k] for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if k in os.environ}
         or config.memory.cuda_allocator,

@@ -349,21 +349,6 @@ def _load_merged(name: str, trust_remote_code: bool, chain: tuple[str, ...]) -> 
     return disable_dropout(merged)
 
 
-def _rebuilt(peft_model, state_dict: dict):
-    """An unsharded CPU copy of `peft_model` holding `state_dict` (its full weights, peft's key
-    names): built empty from its config, so the copy costs one model's memory and no init."""
-    from peft import PeftModel
-
-    base = peft_model.get_base_model()
-    with torch.device("meta"):
-        plain = type(base)._from_config(base.config)
-        copy_ = PeftModel(plain, peft_model.peft_config[peft_model.active_adapter], adapter_name=peft_model.active_adapter)
-    copy_ = copy_.to_empty(device="cpu")
-    copy_.load_state_dict(state_dict, strict=True)  # (each tensor copied in the copy's dtype)
-    copy_.get_base_model().tie_weights()  # (to_empty gave tied weights a tensor each)
-    return copy_
-
-
 def save_lora(model: nn.Module, folder: str | Path, merged: bool, state_dict: dict | None = None) -> Path:
     """Save the LoRA policy in `folder`; returns the folder.
 
@@ -387,11 +372,12 @@ def save_lora(model: nn.Module, folder: str | Path, merged: bool, state_dict: di
     folder.mkdir(parents=True, exist_ok=True)
     with quiet_transformers(), _quiet_peft():
         if merged:
-            plain = copy.deepcopy(peft_model) if state_dict is None else _rebuilt(peft_model, state_dict)
+            from .sharding import unsharded_copy
+
+            plain = copy.deepcopy(peft_model) if state_dict is None else unsharded_copy(peft_model, state_dict)
             # a base kept in bf16 (memory.frozen_weights) is merged in the adapter's precision, not rounded again
             plain = plain.to(next(p.dtype for p in peft_model.parameters() if p.requires_grad)).merge_and_unload()
             plain.save_pretrained(folder)
-            del plain
         else:
             if state_dict is not None:
                 raise ValueError("save_lora(merged=False) saves the adapter from the model itself; a sharded adapter's is saved merged")

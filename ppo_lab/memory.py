@@ -45,7 +45,9 @@ class TensorMemory(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self._live: dict[int, int] = {}
+        self._live: dict[int, int] = {}  # address -> bytes of every storage counted now
+        self._records: dict[int, list[int]] = {}  # id of a storage object -> [its address, bytes] as counted
+        self._resize = None  # torch.UntypedStorage.resize_ as found on entering (restored on leaving)
         self.current = 0  # bytes held now
         self.peak = 0  # the most bytes held at once since the block began
 
@@ -83,7 +85,9 @@ class TensorMemory(TorchDispatchMode):
         self._live[key] = size
         self.current += size
         self.peak = max(self.peak, self.current)
-        weakref.finalize(storage, self._free, key, size)
+        if id(storage) not in self._records:  # one finaliser per storage: it frees what the storage holds when it dies
+            weakref.finalize(storage, lambda sid=id(storage): self._free(*self._records.pop(sid, (0, 0))))
+        self._records[id(storage)] = [key, size]
 
     def _free(self, key: int, size: int) -> None:
         if self._live.get(key) == size:
@@ -91,24 +95,31 @@ class TensorMemory(TorchDispatchMode):
             self.current -= size
 
     def __enter__(self):
-        # FSDP2 frees a gathered weight by resizing its storage to 0 bytes and gathers it again
-        # into the same storage; `UntypedStorage.resize_` is not an operator this mode sees, so
-        # it is watched here (as PyTorch's own `torch.distributed._tools.mem_tracker` does)
+        # FSDP2 frees a gathered weight by resizing its storage to 0 bytes and gathers it again into
+        # the same storage; `UntypedStorage.resize_` is no operator this mode sees, so it is watched
+        # here, process-wide (as PyTorch's own `torch.distributed._tools.mem_tracker` does)
+        if self._resize is not None:
+            raise RuntimeError("this TensorMemory is already measuring; use a new one for a nested block")
         original = self._resize = torch.UntypedStorage.resize_
 
         def resize_(storage, size):
-            key, before = storage.data_ptr(), storage.nbytes()
+            record = self._records.get(id(storage))
             out = original(storage, size)
-            self._free(key, before)
-            if storage.nbytes():
-                self._add_storage(storage)
+            if record:
+                self._free(*record)
+                record[:] = [0, 0]
+            self._add_storage(storage)  # (nothing if now empty)
             return out
 
         torch.UntypedStorage.resize_ = resize_
-        return super().__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            torch.UntypedStorage.resize_, self._resize = original, None
+            raise
 
     def __exit__(self, *exc):
-        torch.UntypedStorage.resize_ = self._resize
+        torch.UntypedStorage.resize_, self._resize = self._resize, None
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -274,14 +285,18 @@ def estimate_memory(
         processes: data-parallel processes; each samples and trains its share.
         sharding: what the trained models' state is split over the processes by: "none" (DDP,
             ppo_lab's mode), "zero1" (optimizer state), "zero2" (and gradients), "zero3" (and
-            weights with their bf16 copies, frozen models' too; FSDP's full sharding). In this
-            float32 layout the weights are both the working and the master copy, so "zero1"
-            shards AdamW's two moments only. ppo_lab runs "none" only; the others show what
-            DeepSpeed or FSDP would save.
+            weights with their bf16 copies, frozen models' too; FSDP's full sharding), "fsdp2"
+            (ppo_lab's own `memory.sharding: fsdp2`: as "zero3", plus the weights FSDP2 gathers:
+            the whole policy while sampling, and a root and two blocks of a model at a time
+            otherwise). In this float32 layout the weights are both the working and the master
+            copy, so "zero1" shards AdamW's two moments only. ppo_lab runs "none" and "fsdp2";
+            the others show what DeepSpeed or another FSDP would save.
 
     Returns:
         A `MemoryEstimate`. The model: weights in float32 (ppo_lab keeps float32 master
-        weights, and under bf16 autocast adds a bfloat16 copy of each model it runs); AdamW's
+        weights; under bf16 a frozen model's linear weights in bf16, `memory.frozen_weights`;
+        autocast keeps a bfloat16 copy of each trained weight for the length of its region, and
+        casts a frozen one afresh at each use, so frozen models leave no copies); AdamW's
         two float32 moments and a float32 gradient per trained parameter; per token and block
         the activations in `_MLP_KEPT` / `_BLOCK_KEPT`; logits of the micro-batch held three
         times in the backward pass (the logits, their gradient, the softmax); the KV cache of
@@ -302,10 +317,10 @@ def estimate_memory(
     split = lambda what, level: what // processes if SHARDINGS.index(sharding) >= level else what  # noqa: E731
     fsdp2 = sharding == "fsdp2"
     frozen_bf16 = half and cfg.memory.precision == "bf16" and cfg.memory.frozen_weights in ("auto", "bf16")
-    # a frozen model's bytes: in bf16 its linear layers (under fsdp2 all of it), else float32
-    frozen = lambda shape: (2 * shape.params if fsdp2 else 4 * shape.params - 2 * shape.linear_params) if frozen_bf16 else 4 * shape.params  # noqa: E731
+    # a frozen model's bytes: in bf16 its linear layers (under fsdp2 all of a wholly frozen one), else float32
+    frozen = lambda shape, whole=True: (2 * shape.params if fsdp2 and whole else 4 * shape.params - 2 * shape.linear_params) if frozen_bf16 else 4 * shape.params  # noqa: E731
 
-    weights = {"policy weights": split(frozen(policy) if lora else 4 * policy.params, 3)}  # (a LoRA base is frozen)
+    weights = {"policy weights": split(frozen(policy, whole=False) if lora else 4 * policy.params, 3)}  # (a LoRA base is frozen)
     if not lora:
         weights["reference weights"] = split(frozen(policy), 3)
     if separate:
@@ -327,15 +342,12 @@ def estimate_memory(
     score_logits = scored * policy.vocab * (act + 4 + (4 if half or cfg.sampling.temperature != 1.0 else 0))
     rollout = {**static, "KV cache": kv, "sampling logits": sampling_logits, "scoring activations": transient, "scoring logits": score_logits}
     rollout["rollout buffers"] = 10 * cfg.batch.rollout * T * 4 + 2 * cfg.batch.rollout * prompt_len * 8
-    # FSDP2 gathers a unit's weights in the compute precision while it runs: the root (embeddings,
-    # head) and a block, with the next block gathered ahead of its turn
-    wd = 2 if half else 4
+    wd = 2 if half else 4  # FSDP2 gathers a unit in the compute precision while it runs: the root (embeddings, head), a block, the next one
     unit = lambda shape: wd * (shape.root_params + 2 * shape.block_params)  # noqa: E731
     if fsdp2:  # the whole policy gathered for sampling; for scoring, a model's units one at a time (released first)
         rollout["gathered weights"] = max(wd * policy.params, *(unit(s) for s in [policy, critic, *([reward] if reward else [])]))
-    elif half:  # autocast's bf16 copies (none of weights already in bf16)
-        copies = 2 * policy.params * (1 if lora or frozen_bf16 else 2) + (2 * critic.params if separate else 0)
-        rollout["bf16 weight copies"] = split(copies, 3)
+    elif half:  # autocast caches the bf16 casts of weights that require gradients only (a LoRA adapter's are small)
+        rollout["bf16 weight copies"] = split(2 * ((0 if lora else policy.params) + (critic.params if separate else 0)), 3)
 
     # update: one micro-batch through policy (and separate critic), then backward
     b = cfg.batch.minibatch // (cfg.batch.accumulation_steps * processes)
@@ -354,21 +366,19 @@ def estimate_memory(
     else:
         units = sum(s.n_layer * block(s) + _OUTSIDE_BLOCKS * s.hidden for s in trained_shapes)
     activations = b * L * units * act
-    chunk = cfg.memory.logprob_chunk
-    positions = b * T if chunk is None else min(chunk, b * T)
+    positions = b * T if cfg.memory.logprob_chunk is None else min(cfg.memory.logprob_chunk, b * T)
     per_logit = 3 * 4 + (act if half else 0)  # logits (bf16 copy under autocast), their gradient, softmax
     logits = positions * policy.vocab * per_logit * (2 if cfg.loss.entropy_coef > 0 else 1)
     update = {**static, "gradients": split(4 * trained, 2), "activations": activations, "logits": logits}
     update["rollout buffers"] = rollout["rollout buffers"]
     if fsdp2:
-        # every trained model's root stays gathered from its forward to the end of the backward
-        # (its gradient unreduced until then), and the backward holds a block, the next one
-        # gathered ahead, and the block's gradient until its reduce-scatter
-        roots, block = sum(s.root_params for s in trained_shapes), max(s.block_params for s in trained_shapes)
-        update["gathered weights"] = wd * (roots + 2 * block)
-        update["gathered gradients"] = 0 if lora else wd * (roots + block)  # (a LoRA adapter's are small)
+        # each trained root stays gathered (its gradient unreduced) from its forward to the end of the backward,
+        # which holds a block, the next one gathered ahead, and the block's gradient until its reduce-scatter
+        roots, biggest = sum(s.root_params for s in trained_shapes), max(s.block_params for s in trained_shapes)
+        update["gathered weights"] = wd * (roots + 2 * biggest)
+        update["gathered gradients"] = 0 if lora else wd * (roots + biggest)  # (a LoRA adapter's are small)
     elif half:
-        update["bf16 weight copies"] = split(2 * (policy.params + (critic.params if separate else 0)), 3)
+        update["bf16 weight copies"] = rollout["bf16 weight copies"]
     return MemoryEstimate(rollout=rollout, update=update)
 
 

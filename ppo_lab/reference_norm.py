@@ -30,18 +30,20 @@ def reference_scores(trainer, n: int) -> torch.Tensor:
     prompts = [prompts_all[i] for i in order[:n].tolist()]
     uniforms = torch.rand(n, trainer.sampling.max_new_tokens, generator=g)
     lo, hi = dist.shard(acc, n)
-    scores = torch.zeros(0, device=trainer.device)
+    world, per = acc.num_processes, -(-n // acc.num_processes)
+    # Every process samples and scores `per` rows, its share padded with repeats of a row (dropped
+    # after): a sharded reward model's forward is a collective, so every process must run as many.
+    # Each response depends on its own draws only, so the padding changes no real row.
+    rows = list(range(lo, hi)) + [min(lo, n - 1)] * (per - (hi - lo))
     trainer.set_training(False)
-    # sharded, every process gathers the policy (a collective), then samples its share alone
+    # sharded, every process gathers the policy (a collective), then samples its rows alone
     with trainer.sharding.gathered(trainer.policy):
-        if hi > lo:
-            with acc.autocast():
-                drawn = generate(trainer.lm, trainer.tokenizer, prompts[lo:hi], trainer.sampling, device=trainer.device, uniforms=uniforms[lo:hi])
-            responses = trainer.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
-            scores = trainer.score(prompts[lo:hi], responses, drawn).to(trainer.device)
-    if acc.num_processes == 1:
+        with acc.autocast():
+            drawn = generate(trainer.lm, trainer.tokenizer, [prompts[i] for i in rows], trainer.sampling, device=trainer.device, uniforms=uniforms[rows])
+        responses = trainer.tokenizer.batch_decode(drawn.response_ids, skip_special_tokens=True)
+        scores = trainer.score([prompts[i] for i in rows], responses, drawn).to(trainer.device)[: hi - lo]
+    if world == 1:
         return scores.cpu()
     # shares differ by one at most: gather them padded to the same length, then cut the padding
-    world, per = acc.num_processes, -(-n // acc.num_processes)
     padded = dist.gather(acc, torch.cat([scores, scores.new_zeros(per - len(scores))])).cpu()
     return torch.cat([padded[r * per : r * per + (r + 1) * n // world - r * n // world] for r in range(world)])

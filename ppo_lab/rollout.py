@@ -99,6 +99,10 @@ def response_logprobs(model, query_ids, query_mask, response_ids, mask, temperat
     with hidden_states_as_logits(model) as head:
         hidden, values = response_logits(model, query_ids, query_mask, response_ids, mask)
     logprobs, entropy = chunked_logprobs(hidden, head, response_ids, temperature, chunk_size, with_entropy)
+    if not torch.is_grad_enabled() and callable(getattr(model, "reshard", None)):
+        # a sharded model (FSDP2) kept its root's weights (the head) gathered for the chunks; with
+        # no backward to come, a frozen one would keep them for good: give them back now
+        model.reshard()
     return logprobs, entropy, values
 
 

@@ -2,14 +2,18 @@
 
 Under DDP every process holds every model whole, so eight GPUs hold per GPU what one holds.
 `memory.sharding: fsdp2` splits them instead: `torch.distributed.fsdp.fully_shard` on each
-decoder block and on the root of the policy, the reference and a separate critic, so each
-process keeps 1/N of every weight, gradient and AdamW moment, and a block's weights are
-gathered only while it runs. The trainer reaches it through one object, `sharding_for`, that it
-always calls:
+decoder block and on the root of the policy, the reference, a separate critic and a reward
+model's backbone, so each process keeps 1/N of every weight, gradient and AdamW moment, and a
+block's weights are gathered only while it runs. The trainer reaches it through one object,
+`sharding_for`, that it always calls:
 
 - `shard(model)`: wraps a model (after the reference was copied from the policy, since a
   sharded module cannot be deep-copied), under one mixed-precision policy for every role, so
-  that the policy and the reference compute alike and the first KL is exactly 0;
+  that the policy and the reference compute alike and the first KL is exactly 0; first, under
+  `memory.frozen_weights`, its frozen weights are stored in bf16 (`frozen_in_bf16`: the linear
+  layers unsharded, every weight sharded), which changes no output of a bf16 forward;
+- `shard_reward(reward_fn)`: the same for a reward model's backbone (its score head stays whole
+  and in float32);
 - `prepare(accelerator, models, optimizer)`: under DDP accelerate wraps the models; sharded
   models are not passed through `prepare` (it would put DDP around them);
 - `gathered(model)`: around sampling, the policy's weights gathered once and kept until the
@@ -20,7 +24,8 @@ always calls:
   `torch.distributed.checkpoint`, each process writing its shards into one folder (a file
   system every process sees); read back on the same number of processes, or on one unsharded
   process (the two tested); DCP re-cuts the shards for other counts;
-- `full_state_dict(model, lm)`: the policy's weights gathered whole, for the final save.
+- `full_state_dict(model, lm)`: the policy's weights gathered whole, for the final save (a LoRA
+  policy's are merged on an unsharded copy rebuilt from them, `lora.save_lora`).
 
 Without a process group (a notebook, a script, a test) `fsdp2` makes a world of one, in memory,
 which stays for the life of the process. The whole policy is held during sampling (gathered),
@@ -104,7 +109,10 @@ class NoSharding:
 
         if isinstance(reward_fn, SequenceClassifierReward):
             model = reward_fn.model
-            self.shard(getattr(model, model.base_model_prefix) if reads_at_a_token(model) else model)
+            if reads_at_a_token(model):
+                self.shard(getattr(model, model.base_model_prefix))
+            else:  # an encoder (BERT-style) is left whole: its head is read inside its forward, and
+                NoSharding.shard(self, model)  # transformers names no blocks of several of them for sharding
         return reward_fn
 
     def prepare(self, accelerator, models, optimizer):
@@ -178,11 +186,13 @@ class FSDP2Sharding(NoSharding):
     def shard(self, model):
         from torch.distributed.fsdp import fully_shard
 
-        if model is None or next(model.parameters(), None) is None:
-            return model  # nothing of its own to shard (LoRA's reference is the policy with its adapter off)
-        if self.frozen_bf16:
-            frozen_in_bf16(model, every=True)  # (the mixed-precision policy computes with them all in bf16)
+        from torch.distributed.fsdp import FSDPModule
+
+        if model is None or next(model.parameters(), None) is None or isinstance(model, FSDPModule):
+            return model  # nothing of its own to shard (LoRA's reference is the policy with its adapter off), or sharded already
         frozen = not any(p.requires_grad for p in model.parameters())
+        if self.frozen_bf16:  # a wholly frozen model all in bf16 (the mixed-precision policy computes with every weight
+            frozen_in_bf16(model, every=frozen)  # in bf16); a LoRA base its linear layers, so its export keeps the rest exact
         for block in reversed(decoder_blocks(model)):  # innermost first, as FSDP2 nests
             fully_shard(block, mesh=self.mesh, mp_policy=self.policy)
             self.blocks.add(block)
@@ -233,6 +243,23 @@ class FSDP2Sharding(NoSharding):
                 m.set_reshard_after_forward(True, recurse=False)
             for m in [model, *units]:
                 m.reshard()
+
+
+def unsharded_copy(peft_model, state_dict: dict):
+    """An unsharded CPU copy of a sharded peft model, holding `state_dict` (its full weights,
+    gathered by `full_state_dict`, peft's key names), in the adapter's precision: built empty
+    from the config, so it costs one model's memory and no initialisation. A sharded module
+    cannot be deep-copied, and `lora.save_lora` merges the adapter on this copy instead."""
+    from peft import PeftModel
+
+    base, name = peft_model.get_base_model(), peft_model.active_adapter
+    dtype = next(p.dtype for p in peft_model.parameters() if p.requires_grad)
+    with torch.device("meta"):
+        copy = PeftModel(type(base)._from_config(base.config, dtype=dtype), peft_model.peft_config[name], adapter_name=name)
+    copy = copy.to_empty(device="cpu")
+    copy.load_state_dict(state_dict, strict=True)  # (each tensor copied in the copy's dtype)
+    copy.get_base_model().tie_weights()  # (to_empty gave tied weights a tensor each)
+    return copy
 
 
 def decoder_blocks(model) -> list[torch.nn.Module]:

@@ -99,8 +99,8 @@ class PPOTrainer:
 
         task = build_task(cfg, self.device, train_prompts, eval_prompts, reward_fn)
         self.task = task.builtin  # the built-in task (ppo_lab.tasks), None when prompts and reward were given
-        self.sharding = sharding_for(cfg.memory, self.device)  # DDP or every role sharded; frozen weights in bf16 or not (chapter 9)
-        self.train_prompts, self.eval_prompts, self.reward_fn, self.reward_name = task.train_prompts, task.eval_prompts, self.sharding.shard_reward(task.reward_fn), task.reward_name
+        self.sharding = sharding_for(cfg.memory, self.device)  # DDP or every role sharded; frozen weights in bf16 or not (chapter 9); a reward_fn given is left as it is
+        self.train_prompts, self.eval_prompts, self.reward_fn, self.reward_name = task.train_prompts, task.eval_prompts, task.reward_fn if reward_fn is not None else self.sharding.shard_reward(task.reward_fn), task.reward_name
         roles = build_roles(cfg, task, self.device, policy, tokenizer)
         self.tokenizer, self.reference, self.sampling = roles.tokenizer, self.sharding.shard(roles.reference), roles.sampling
         policy, critic = self.sharding.shard(roles.policy), self.sharding.shard(roles.critic)  # (before the optimizer sees them)

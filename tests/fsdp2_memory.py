@@ -17,6 +17,7 @@ CASES = {
     "separate critic": {},
     "bf16, frozen bf16": {"memory.precision": "bf16"},
     "shared critic, lora": {"critic.design": "shared", "lora.r": 8},
+    "bf16, chunked log-probs": {"memory.precision": "bf16", "memory.logprob_chunk": 16},
 }
 
 

@@ -21,7 +21,10 @@ CASES = {
     "bf16, lora, shared critic": {"memory.precision": "bf16", "lora.r": 4, "critic.design": "shared"},
     "chunked log-probs, lora": {"memory.logprob_chunk": 5, "lora.r": 4},
     "bf16, reward model, frozen weights in bf16": {"memory.precision": "bf16", "reward.source": "REWARD_MODEL"},
-    "reference score norm, shared critic": {"reward.reference_norm": "mean-std", "reward.reference_samples": 7, "critic.design": "shared"},
+    # 129 samples: shares of 65 and 64, two and one of the reward model's batches of 64, which sharded
+    # must be as many forwards on every process (the shares are padded to 65)
+    "reference score norm, shared critic": {"reward.reference_norm": "mean-std", "reward.reference_samples": 129, "critic.design": "shared",
+                                            "reward.source": "REWARD_MODEL"},
 }
 
 
@@ -48,7 +51,8 @@ def main(root: str, out: str, reward_model: str) -> None:
             "policy_saved": (trainer.output_dir / "policy" / "config.json").is_file(),
             "same_weights": all(torch.equal(trained[k], loaded[k]) for k in trained),  # (the main process's whole copies)
             "score_map": [trainer.score_gain, trainer.score_bias], "resumed_score_map": [resumed.score_gain, resumed.score_bias],
-            "frozen_dtypes": sorted({str(p.dtype) for p in [*trainer.reference.parameters(), *backbone(trainer.reward_fn).parameters()]}),
+            # the frozen weights' dtypes: the reference's, a LoRA base's (frozen part of the policy), the reward backbone's
+            "frozen_dtypes": sorted({str(p.dtype) for m in (trainer.reference, trainer.policy, backbone(trainer.reward_fn)) for p in m.parameters() if not p.requires_grad}),
         }
     if torch.distributed.get_rank() == 0:
         with open(out, "w") as fh:

@@ -153,12 +153,10 @@ def test_each_process_peak_memory_is_within_25_percent_of_the_estimate(tiny_path
     out = tmp_path / "memory.json"
     _launch("fsdp2_memory.py", tmp_path / "runs", out, timeout=540)
     rows = json.loads(out.read_text())
-    assert len(rows) == 6 and {r["rank"] for r in rows} == {0, 1}
+    assert len(rows) == 8 and {r["rank"] for r in rows} == {0, 1}
     for r in rows:
         assert r["est_rollout"] == pytest.approx(r["rollout"], rel=0.25), r["case"]
         assert r["est_update"] == pytest.approx(r["update"], rel=0.25), r["case"]
-    frozen = {r["case"]: r["est"]["rollout"].get("reference weights") for r in rows}
-    assert frozen["bf16, frozen bf16"] == frozen["separate critic"] // 2  # (bf16, all of it under fsdp2)
 
 
 @pytest.mark.timeout(900)
@@ -173,10 +171,12 @@ def test_the_switches_run_sharded_with_evaluation_checkpoints_and_resume(tiny_pa
         assert r["score_map"] == r["resumed_score_map"], name
         if name.startswith("bf16"):
             assert r["first_kl"] == 0.0, name  # policy and reference sharded under one bf16 policy
-            assert r["frozen_dtypes"] in ([], ["torch.bfloat16"]), name  # stored as they compute (memory.frozen_weights: auto)
-        else:
-            assert r["frozen_dtypes"] in ([], ["torch.float32"]), name
-    assert results["bf16, reward model, frozen weights in bf16"]["frozen_dtypes"] == ["torch.bfloat16"]
+        if "lora" not in name:
+            # a wholly frozen model all in bf16 under bf16 (memory.frozen_weights: auto: as FSDP2 computes), else float32
+            assert r["frozen_dtypes"] == (["torch.bfloat16"] if name.startswith("bf16") else ["torch.float32"]), name
+    # a LoRA base under bf16: its linear layers in bf16, its embeddings and norms float32 (so its merged export keeps them exact)
+    assert results["bf16, lora, shared critic"]["frozen_dtypes"] == ["torch.bfloat16", "torch.float32"]
+    assert results["chunked log-probs, lora"]["frozen_dtypes"] == ["torch.float32"]
     assert results["reference score norm, shared critic"]["score_map"] != [1.0, 0.0]  # fitted from the reference's samples
 
 
@@ -186,6 +186,31 @@ def test_sharding_refuses_the_switches_it_does_not_run_with_yet():
     for setting in ({"sampler.noise": 0.1}, {"memory.compile": True}, {"sampling.decode": "cuda_graph"}):
         with pytest.raises(ValueError, match=f"memory.sharding = 'fsdp2' does not run with {next(iter(setting))}"):
             PPOConfig(**{"memory.sharding": "fsdp2", **setting})
+
+
+def test_an_encoder_reward_model_is_left_whole_under_fsdp2(tiny_path, tmp_path):
+    """A BERT-style reward model reads its head inside its forward, and transformers names no
+    blocks of several encoders for sharding: it stays whole on every process, its linear layers
+    in bf16 as unsharded (they run under autocast)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from conftest import small_config
+    from ppo_lab import PPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        num_labels=1, pad_token_id=tokenizer.pad_token_id)
+    BertForSequenceClassification(config).save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    trainer = PPOTrainer(small_config(tmp_path, {"memory.sharding": "fsdp2", "memory.precision": "bf16", "reward.source": str(tmp_path / "bert")}))
+    history = trainer.train()
+    model = trainer.reward_fn.model
+    assert not any(hasattr(p, "to_local") for p in model.parameters())  # not sharded
+    assert model.bert.encoder.layer[0].attention.self.query.weight.dtype == torch.bfloat16
+    assert model.bert.embeddings.word_embeddings.weight.dtype == torch.float32 and model.classifier.weight.dtype == torch.bfloat16
+    assert history[0]["objective/kl"] == 0.0 and len(history) == 2
 
 
 @pytest.mark.timeout(300)
