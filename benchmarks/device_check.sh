@@ -4,6 +4,7 @@
 #   bash benchmarks/device_check.sh ppo    # the CUDA tests, then ppo_lab (growing cache, CUDA graph) and TRL's PPOTrainer
 #   bash benchmarks/device_check.sh grpo   # ppo_lab's GRPO preset and TRL's GRPOTrainer
 #   bash benchmarks/device_check.sh fsdp2  # the frozen-weights tests on CUDA, then ppo_lab unsharded, FSDP2 on a world of one, frozen weights in float32
+#   bash benchmarks/device_check.sh memory # estimate_memory against the measured peak: FSDP2 on a world of one, and Qwen2.5-1.5B's shape
 #
 # Each runner runs twice, alternated (benchmarks/gpu.py), 6 updates a round. Everything lands in
 # $OUT (default benchmarks/results/): device.txt, cuda-tests.txt, gpu-<stamp>.md / .jsonl /
@@ -36,8 +37,13 @@ case "$PART" in
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_frozen_weights.py 2>&1 | tail -25 | tee "$OUT/frozen-weights-tests.txt"
     timeout 420 python3 benchmarks/gpu.py --out "$OUT" --only ppo_lab_separate,ppo_lab_fsdp2,ppo_lab_frozen_fp32 --budget-s 320 --hard-limit-s 410
     ;;
+  memory)
+    # estimate_memory against the measured peak: FSDP2 on a world of one, then one iteration at Qwen2.5-1.5B's shape
+    timeout 200 python3 benchmarks/gpu_memory.py --out "$OUT" --only base,fsdp2 --timeout-s 90 --budget-s 100
+    timeout 380 python3 benchmarks/gpu_memory.py --out "$OUT" --only qwen1.5b --updates 1 --timeout-s 360 --budget-s 10
+    ;;
   *)
-    echo "usage: bash benchmarks/device_check.sh ppo|grpo|fsdp2" >&2
+    echo "usage: bash benchmarks/device_check.sh ppo|grpo|fsdp2|memory" >&2
     exit 2
     ;;
 esac

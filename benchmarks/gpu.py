@@ -84,6 +84,11 @@ SIZES = {
     "gpu": dict(arch="llama", vocab=32000, n_layer=16, n_head=16, n_embd=1024, intermediate_size=2816,
                 n_positions=256, n_prompts=512, prompt_min=64, prompt_max=128, batch=64, response_length=128,
                 ppo_epochs=4, mini_batches=4, updates=6, threads=0),
+    # Qwen2.5-1.5B's sizes (random init, its head untied: 1.78 B parameters; a word-level tokenizer of its
+    # vocabulary size), 512-token prompts and responses: gpu_memory.py's check of the estimate at the README table's scale
+    "qwen1.5b": dict(arch="llama", vocab=151936, n_layer=28, n_head=12, n_kv_head=2, n_embd=1536, intermediate_size=8960,
+                     n_positions=1040, n_prompts=256, prompt_min=256, prompt_max=512, batch=64, response_length=512,
+                     ppo_epochs=1, mini_batches=8, updates=1, threads=0),
     # a few seconds per runner on a CPU: checks that everything runs, measures nothing
     "smoke": dict(arch="llama", vocab=512, n_layer=2, n_head=4, n_embd=64, intermediate_size=0,
                   n_positions=64, n_prompts=32, prompt_min=8, prompt_max=16, batch=8, response_length=16,

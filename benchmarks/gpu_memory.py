@@ -7,13 +7,16 @@
 The workload and the trainer are those of `gpu.py`'s `ppo_lab_separate` runner (the same models,
 prompts and PPOConfig, built by `workload.py` the way `ppo_lab_run.py` builds them: the policy
 in-process, the value and the reward model saved to a temporary folder and given as
-`critic_model` and `reward`), in bf16 on a GPU, for `--updates` (2) PPO updates, in four
-configurations:
+`critic_model` and `reward`), in bf16 on a GPU, for `--updates` (2) PPO updates, in these
+configurations (the default runs a to d):
 
   a  base        the ppo_lab_separate configuration
   b  chunk1024   the same with logprob_chunk_size = 1024
   c  ckpt        the same with gradient_checkpointing = True
   d  ga4         the same with gradient_accumulation_steps = 4 (micro-batches of 4, not 16)
+  e  fsdp2       the same with memory.sharding = fsdp2 in one process (a world of one; the estimate with sharding="fsdp2")
+  f  qwen1.5b    gpu.py's "qwen1.5b" size (Qwen2.5-1.5B's shape, random init, 512-token prompts and responses) with
+                 gradient checkpointing, log-probs in chunks of 1024 and batch.forward 16: the README table's scale
 
 Each configuration runs in a subprocess of its own (a clean allocator, and an out-of-memory
 error stops only that one). Per configuration, of the last update: the peak allocated GPU
@@ -49,6 +52,10 @@ CONFIGS = {
     "chunk1024": ("b", "memory.logprob_chunk = 1024", {"memory.logprob_chunk": 1024}),
     "ckpt": ("c", "memory.gradient_checkpointing = True", {"memory.gradient_checkpointing": True}),
     "ga4": ("d", "batch.accumulation_steps = 4", {"batch.accumulation_steps": 4}),
+    "fsdp2": ("e", "memory.sharding = fsdp2 (a world of one)", {"memory.sharding": "fsdp2"}),
+    # one iteration at the README table's scale: a Qwen2.5-1.5B-shaped policy, value and reward model (gpu.py's "qwen1.5b")
+    "qwen1.5b": ("f", "Qwen2.5-1.5B shape, gradient checkpointing, logprob_chunk 1024, batch.forward 16",
+                 {"memory.gradient_checkpointing": True, "memory.logprob_chunk": 1024, "batch.forward": 16}),
 }
 
 
@@ -59,7 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto", help="auto: bf16 on a GPU, fp32 on a CPU")
     p.add_argument("--updates", type=int, default=2, help="PPO updates per configuration (the last one is reported)")
-    p.add_argument("--only", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS))
+    p.add_argument("--only", default="base,chunk1024,ckpt,ga4", help="comma-separated subset of: " + ", ".join(CONFIGS))
     p.add_argument("--timeout-s", type=float, default=240.0, help="stop one configuration after this many seconds")
     p.add_argument("--budget-s", type=float, default=330.0, help="start no configuration later than this after the first")
     p.add_argument("--worker", choices=list(CONFIGS), help=argparse.SUPPRESS)
@@ -74,7 +81,7 @@ def worker(args) -> None:
 
     import torch
 
-    size = dict(SIZES["smoke" if args.smoke else "gpu"], updates=args.updates)
+    size = dict(SIZES["smoke" if args.smoke else ("qwen1.5b" if args.worker == "qwen1.5b" else "gpu")], updates=args.updates)
     wp = argparse.ArgumentParser()
     wl.add_workload_args(wp)
     flags = []
@@ -120,7 +127,7 @@ def worker(args) -> None:
     critic_shape = ModelShape.from_config(critic.backbone.config, params=sum(p.numel() for p in critic.parameters()))
     prompt_len = max(len(p) for p in prompt_ids)
     est = estimate_memory(config, policy_shape, prompt_len=prompt_len, response_len=w.response_length,
-                          critic=critic_shape, reward=reward_shape)
+                          critic=critic_shape, reward=reward_shape, sharding=config.memory.sharding)
 
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)

@@ -52,6 +52,7 @@ DEFAULTS = dict(
     vocab=1024,
     n_layer=2,
     n_head=4,
+    n_kv_head=0,
     n_embd=128,
     n_positions=128,
     n_prompts=256,
@@ -82,6 +83,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=int, default=d["vocab"], help="tokenizer size (4 specials + words)")
     parser.add_argument("--n-layer", type=int, default=d["n_layer"])
     parser.add_argument("--n-head", type=int, default=d["n_head"])
+    parser.add_argument("--n-kv-head", type=int, default=d["n_kv_head"], help="llama key/value heads (0 = --n-head)")
     parser.add_argument("--n-embd", type=int, default=d["n_embd"])
     parser.add_argument("--n-positions", type=int, default=d["n_positions"])
     parser.add_argument("--n-prompts", type=int, default=d["n_prompts"])
@@ -198,7 +200,7 @@ def llama_config(tok, args, num_labels: int | None = None):
         intermediate_size=inter,
         num_hidden_layers=args.n_layer,
         num_attention_heads=args.n_head,
-        num_key_value_heads=args.n_head,
+        num_key_value_heads=getattr(args, "n_kv_head", 0) or args.n_head,
         max_position_embeddings=args.n_positions,
         tie_word_embeddings=False,
         bos_token_id=tok.bos_token_id,

@@ -69,7 +69,8 @@ def frozen_in_bf16(model, every: bool = False) -> int:
     embedding, which a lookup reads unrounded). Under bf16 autocast a linear layer rounds a float32
     weight to bfloat16 before every product, so storing it rounded changes no output bit, and a
     frozen model keeps computing exactly what the policy computes from the same weights.
-    every=True: every frozen parameter, for FSDP2, whose mixed-precision policy rounds them all.
+    every=True: every frozen parameter, for a wholly frozen model under FSDP2, whose
+    mixed-precision policy rounds them all.
     Trainable parameters (a LoRA adapter, a value head) stay float32.
     """
     from .lora import _linear_kinds
@@ -184,9 +185,7 @@ class FSDP2Sharding(NoSharding):
         self.head_outside = head_outside  # memory.logprob_chunk: the LM head is applied after the forward
 
     def shard(self, model):
-        from torch.distributed.fsdp import fully_shard
-
-        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp import FSDPModule, fully_shard
 
         if model is None or next(model.parameters(), None) is None or isinstance(model, FSDPModule):
             return model  # nothing of its own to shard (LoRA's reference is the policy with its adapter off), or sharded already
@@ -202,7 +201,7 @@ class FSDP2Sharding(NoSharding):
             fully_shard(inner, mesh=self.mesh, mp_policy=self.policy, reshard_after_forward=False)
         # A root keeps its weights gathered after its forward until the backward (FSDP2's default);
         # a frozen root has no backward, and would keep them for good: it reshards, unless its
-        # LM head is applied outside the forward
+        # LM head is applied outside the forward (it gives them back after the chunks, rollout.py)
         head_outside = self.head_outside and callable(getattr(model, "get_output_embeddings", None)) and model.get_output_embeddings() is not None
         fully_shard(model, mesh=self.mesh, mp_policy=self.policy, reshard_after_forward=True if frozen and not head_outside else None)
         return model
