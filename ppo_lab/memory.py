@@ -214,14 +214,14 @@ class ModelShape:
 
     @property
     def root_params(self) -> int:
-        """Parameters outside the blocks (embeddings, an untied LM head, the final norm): what
+        """Parameters outside the blocks (embeddings, an untied LM head, the final norm), which
         FSDP2's root unit holds."""
         return max(self.params - self.n_layer * self.block_params, 0)
 
     @property
     def linear_params(self) -> int:
         """Parameters of the linear layers not tied to an embedding (the blocks' projections, an
-        untied LM head): what `memory.frozen_weights: bf16` keeps in bf16 without sharding."""
+        untied LM head), which `memory.frozen_weights` keeps in bf16 without sharding."""
         return min(self.n_layer * (self.block_params - 2 * self.hidden) + (0 if self.tied else self.vocab * self.hidden), self.params)
 
     def lora_params(self, r: int) -> int:

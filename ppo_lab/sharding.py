@@ -29,7 +29,7 @@ block's weights are gathered only while it runs. The trainer reaches it through 
 
 Without a process group (a notebook, a script, a test) `fsdp2` makes a world of one, in memory,
 which stays for the life of the process. The whole policy is held during sampling (gathered),
-so sharding lowers the peak of the update, not of the rollout.
+so sharding lowers the peak of the rollout less than that of the update.
 With `none` every method is what the unsharded trainer did.
 """
 
