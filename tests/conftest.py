@@ -1,5 +1,9 @@
 import math
 import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,6 +68,33 @@ def tiny_reward_path(tiny_path, tmp_path_factory):
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def launch_two(script, *args, timeout=540):
+    """Run tests/`script` with `args` in 2 CPU processes (gloo) under `accelerate launch`; fail with its stderr."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    here = Path(__file__).parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(here.parent)}
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(port), str(here / script), *map(str, args),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def assert_same_metrics(one: list[dict], two: list[dict], iterations: int) -> None:
+    """Two runs' metric rows agree, iteration by iteration, to float32 round-off (timings and memory left out)."""
+    assert len(two) == len(one) == iterations
+    for a, b in zip(one, two):
+        a, b = stable(a), stable(b)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
 
 
 def small_config(tmp_path, *settings):

@@ -1,23 +1,14 @@
 """Two processes under `accelerate launch` (CPU, gloo) compute the same run as one process."""
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import stable
+from conftest import assert_same_metrics, launch_two
 
 HERE = Path(__file__).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(600)
@@ -28,27 +19,15 @@ def test_two_processes_equal_one_with_the_same_global_batch(tiny_path, tmp_path,
 
     # 2 processes x 1 micro-batch per minibatch == 1 process x 2 micro-batches: same global
     # rollout (16), minibatch (8) and micro-batch (4), same seed.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(HERE.parent)}
     out = tmp_path / "two.json"
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), str(HERE / "distributed_run.py"), str(tmp_path / "run2"), "1", str(out), variant,
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_two("distributed_run.py", tmp_path / "run2", 1, out, variant)
     two = json.loads(out.read_text())
     one = run(str(tmp_path / "run1"), 2, variant)
 
     assert two["processes"] == 2 and one["processes"] == 1
     # metrics are reduced over processes: the losses, clip fractions, whitened advantages, KL
     # and the adaptive controller agree with the single process to float32 round-off
-    assert len(two["history"]) == len(one["history"]) == 2
-    for a, b in zip(one["history"], two["history"]):
-        a, b = stable(a), stable(b)
-        assert a.keys() == b.keys()
-        for key in a:
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert_same_metrics(one["history"], two["history"], 2)
     assert two["kl_coef"] == pytest.approx(one["kl_coef"], rel=1e-6)
     assert two["score_map"] == pytest.approx(one["score_map"], rel=1e-6)
     assert (one["score_map"] != [1.0, 0.0]) == (variant == "recipe")

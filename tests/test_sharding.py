@@ -2,35 +2,14 @@
 process computes, and a sharded rollout whose processes stop at different steps finishes."""
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import stable
+from conftest import assert_same_metrics, launch_two, stable
 
 HERE = Path(__file__).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(script, *args, timeout=540):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(HERE.parent)}
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), str(HERE / script), *map(str, args),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
 
 
 @pytest.mark.timeout(600)
@@ -43,19 +22,14 @@ def test_two_sharded_processes_compute_what_one_unsharded_process_does(tiny_path
     # 1/144 against 0). Every other metric then agrees to 1e-4.
     extra = {"critic.clip": None}
     out = tmp_path / "two.json"
-    _launch("fsdp2_run.py", tmp_path / "run2", 1, out, "fsdp2", json.dumps(extra))
+    launch_two("fsdp2_run.py", tmp_path / "run2", 1, out, "fsdp2", json.dumps(extra))
     two = json.loads(out.read_text())
     one = run(str(tmp_path / "run1"), 2, "none", extra)
     assert (two["processes"], one["processes"]) == (2, 1)
     # each process holds about half of the weights, gradients and AdamW moments (dim-0 shards,
     # the odd row padded) of the policy and the critic
     assert 0.45 < two["held_bytes"] / one["held_bytes"] < 0.55, (two["held_bytes"], one["held_bytes"])
-    assert len(two["history"]) == len(one["history"]) == 3
-    for a, b in zip(one["history"], two["history"]):
-        a, b = stable(a), stable(b)
-        assert a.keys() == b.keys()
-        for key in a:
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert_same_metrics(one["history"], two["history"], 3)
     import torch
 
     a, b = (torch.load(tmp_path / run / "weights.pt") for run in ("run1", "run2"))
@@ -89,17 +63,12 @@ def test_lora_chunked_logprobs_a_shared_critic_and_a_reward_model_sharded_comput
 
     extra = {"critic.clip": None, "lora.r": 4, "memory.logprob_chunk": 5, "critic.design": "shared", "reward.source": str(tiny_reward_path)}
     out = tmp_path / "two.json"
-    _launch("fsdp2_run.py", tmp_path / "run2", 1, out, "fsdp2", json.dumps(extra))
+    launch_two("fsdp2_run.py", tmp_path / "run2", 1, out, "fsdp2", json.dumps(extra))
     two = json.loads(out.read_text())
     one = run(str(tmp_path / "run1"), 2, "none", extra)
     assert 0.45 < two["held_bytes"] / one["held_bytes"] < 0.55, (two["held_bytes"], one["held_bytes"])
     assert 0.45 < two["reward_bytes"] / one["reward_bytes"] < 0.55, (two["reward_bytes"], one["reward_bytes"])
-    assert len(two["history"]) == len(one["history"]) == 3
-    for a, b in zip(one["history"], two["history"]):
-        a, b = stable(a), stable(b)
-        assert a.keys() == b.keys()
-        for key in a:
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert_same_metrics(one["history"], two["history"], 3)
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -112,7 +81,7 @@ def test_lora_chunked_logprobs_a_shared_critic_and_a_reward_model_sharded_comput
 @pytest.mark.timeout(300)
 def test_a_sharded_rollout_with_uneven_stops_finishes_and_issues_no_collective_while_decoding(tiny_path, tmp_path):
     out = tmp_path / "rollout.json"
-    _launch("fsdp2_rollout.py", out, timeout=240)
+    launch_two("fsdp2_rollout.py", out, timeout=240)
     ranks = {r["rank"]: r for r in json.loads(out.read_text())}
     assert ranks[1]["steps"] == 1 and ranks[0]["steps"] > 1  # the processes took different numbers of steps
     assert ranks[0]["inside"] == ranks[1]["inside"] == 0  # no collective inside the decode loop
@@ -127,7 +96,7 @@ def test_a_sharded_checkpoint_resumes_exactly_and_loads_on_one_process(tiny_path
     from ppo_lab import PPOConfig, PPOTrainer
 
     out = tmp_path / "resume.json"
-    _launch("fsdp2_resume.py", tmp_path / "run", out)
+    launch_two("fsdp2_resume.py", tmp_path / "run", out)
     result = json.loads(out.read_text())
     # on the same world size: the resumed third iteration is the unbroken one, to the bit
     assert stable(result["resumed"]) == stable(result["unbroken"])
@@ -151,7 +120,7 @@ def test_each_process_peak_memory_is_within_25_percent_of_the_estimate(tiny_path
     processes (`TensorMemory` counts a DTensor's local shard and FSDP2's gathered weights,
     which it frees and gathers again by resizing their storage)."""
     out = tmp_path / "memory.json"
-    _launch("fsdp2_memory.py", tmp_path / "runs", out, timeout=540)
+    launch_two("fsdp2_memory.py", tmp_path / "runs", out, timeout=540)
     rows = json.loads(out.read_text())
     assert len(rows) == 8 and {r["rank"] for r in rows} == {0, 1}
     for r in rows:
@@ -162,7 +131,7 @@ def test_each_process_peak_memory_is_within_25_percent_of_the_estimate(tiny_path
 @pytest.mark.timeout(900)
 def test_the_switches_run_sharded_with_evaluation_checkpoints_and_resume(tiny_path, tiny_reward_path, tmp_path):
     out = tmp_path / "switches.json"
-    _launch("fsdp2_switches.py", tmp_path / "runs", out, tiny_reward_path, timeout=840)
+    launch_two("fsdp2_switches.py", tmp_path / "runs", out, tiny_reward_path, timeout=840)
     results = json.loads(out.read_text())
     assert len(results) == 9
     for name, r in results.items():
